@@ -1,0 +1,13 @@
+"""fastad: learn, and use, reverse-mode automatic differentiation with plain NumPy (CuPy on a GPU).
+
+The modules are generated from the notebooks in nbs/; this file only gathers the public names."""
+__version__ = "0.0.1"
+
+from .errors import *
+from .backend import set_backend, use_backend, get_backend, use_gpu, gpu_available, to_host, to_device
+from .primitives import relu, logsumexp, log_softmax
+from .engine import trace, trace_primitives
+from .tree import Differentiable, nondifferentiable
+from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
+                         differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
+from . import backend, primitives, engine, transforms
