@@ -103,7 +103,7 @@ def test_second_mirror_used_when_first_is_bad(server, fake_mnist, tmp_path):
 def test_all_mirrors_fail_lists_each(server, fake_mnist, tmp_path):
     with pytest.raises(DataError) as e:
         fetch_mnist_file('valid_labels', tmp_path, mirrors=(server.url + 'a/', server.url + 'b/'), verbose=False)
-    assert str(e.value).count('404') == 2 and not any(mnist_path(tmp_path).glob('*'))
+    assert str(e.value).count('HTTP Error 404') == 2 and not any(mnist_path(tmp_path).glob('*'))
 
 def test_poisoned_cache_is_replaced(server, fake_mnist, tmp_path):
     blobs, files = fake_mnist
