@@ -82,7 +82,7 @@ def test_download_truncated_body(server, tmp_path):
     assert not (tmp_path / 'f').exists() and leftovers(tmp_path) == []
 
 def test_download_404(server, tmp_path):
-    with pytest.raises(DataError, match="404"):
+    with pytest.raises(DataError, match="HTTP Error 404"):
         download(server.url + 'missing', tmp_path / 'f', '0' * 64, verbose=False)
     assert leftovers(tmp_path) == []
 
