@@ -11,10 +11,10 @@ __all__ = ['UFUNC_PRIMITIVES', 'FUNCTION_PRIMITIVES', 'scatter_add', 'relu', 'lo
            'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc', 'getitem_vwc',
            'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
 
-# %% ../nbs/03a_primitives.ipynb #f2a9730b
+# %% ../nbs/03a_primitives.ipynb #57a9a2c2
 import numpy as np
 
-# %% ../nbs/03a_primitives.ipynb #f944ead1
+# %% ../nbs/03a_primitives.ipynb #5f6eafed
 class Primitive:
     """A differentiable operation: a name, its VWC, and whether it broadcasts its inputs elementwise.
     Calling it computes the value; an argument whose type defines `__fastad_primitive__` (the engine's
@@ -41,7 +41,7 @@ def defvwc(*fns, name=None, unary=False, broadcasts=False):
         return vwc
     return register
 
-# %% ../nbs/03a_primitives.ipynb #9184bb4f
+# %% ../nbs/03a_primitives.ipynb #a1013ff5
 def unbroadcast(g, shape):
     "Sum cotangent `g` down to `shape`, undoing NumPy's broadcasting."
     gshape = np.shape(g)
@@ -50,7 +50,7 @@ def unbroadcast(g, shape):
     axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and gshape[i + lead] != 1)
     return np.reshape(np.sum(g, axis=axes) if axes else g, shape)
 
-# %% ../nbs/03a_primitives.ipynb #276d9fe6
+# %% ../nbs/03a_primitives.ipynb #6ffbc4d1
 @defvwc(np.add, broadcasts=True)
 def add_vwc(x, y): return x + y, (lambda g: g, lambda g: g)
 
@@ -87,7 +87,7 @@ def minimum_vwc(x, y):
     mask = x <= y
     return np.minimum(x, y), (lambda g: g * mask, lambda g: g * ~mask)
 
-# %% ../nbs/03a_primitives.ipynb #37188dce
+# %% ../nbs/03a_primitives.ipynb #de4d338f
 @defvwc(np.exp, unary=True)
 def exp_vwc(x):
     ans = np.exp(x)
@@ -131,7 +131,7 @@ def expm1_vwc(x):
 @defvwc(np.log1p, unary=True)
 def log1p_vwc(x): return np.log1p(x), lambda g: g / (1 + x)
 
-# %% ../nbs/03a_primitives.ipynb #ce00d668
+# %% ../nbs/03a_primitives.ipynb #667450ff
 @defvwc(np.matmul)
 def matmul_vwc(x, y):
     def dx(g):
@@ -148,9 +148,12 @@ def matmul_vwc(x, y):
 def dot_vwc(x, y):
     if np.ndim(x) > 2 or np.ndim(y) > 2:
         raise NotImplementedError("numpy.dot of arrays with more than 2 dimensions has no derivative in fastad: use matmul (@)")
-    return multiply_vwc(x, y) if np.ndim(x) == 0 or np.ndim(y) == 0 else matmul_vwc(x, y)
+    if np.ndim(x) and np.ndim(y): return matmul_vwc(x, y)
+    ans, (dx, dy) = multiply_vwc(x, y)                    # a scalar operand: dot is a (broadcasting) product
+    sx, sy = np.shape(x), np.shape(y)
+    return ans, (lambda g: unbroadcast(dx(g), sx), lambda g: unbroadcast(dy(g), sy))
 
-# %% ../nbs/03a_primitives.ipynb #874a4340
+# %% ../nbs/03a_primitives.ipynb #3de5b32c
 def _expand(g, shape, axis, keepdims):
     "Give a reduced cotangent back its reduced axes, ready to broadcast to `shape`."
     if axis is None or keepdims or not shape: return g
@@ -181,7 +184,7 @@ def max_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.max, x, ax
 @defvwc(np.min, np.amin, unary=True)
 def min_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.min, x, axis, keepdims)
 
-# %% ../nbs/03a_primitives.ipynb #14a4dee9
+# %% ../nbs/03a_primitives.ipynb #f33e9318
 @defvwc(np.reshape, unary=True)
 def reshape_vwc(x, *, shape):
     old = np.shape(x)
@@ -245,7 +248,7 @@ def stack_vwc(*xs, axis=0):
         return lambda g: g[index]
     return np.stack(xs, axis=axis), tuple(chain(i) for i in range(len(xs)))
 
-# %% ../nbs/03a_primitives.ipynb #54b11a12
+# %% ../nbs/03a_primitives.ipynb #3a2bafd2
 @defvwc(np.where)
 def where_vwc(cond, x, y):
     return np.where(cond, x, y), (None, lambda g: unbroadcast(g * cond, np.shape(x)),
@@ -256,7 +259,7 @@ def clip_vwc(x, *, a_min, a_max):
     inside = (x >= (-np.inf if a_min is None else a_min)) & (x <= (np.inf if a_max is None else a_max))
     return np.clip(x, a_min, a_max), lambda g: g * inside
 
-# %% ../nbs/03a_primitives.ipynb #acc23598
+# %% ../nbs/03a_primitives.ipynb #0844b647
 @defvwc(name='relu', unary=True)
 def relu_vwc(x):
     "max(x, 0), elementwise."
@@ -281,7 +284,7 @@ def log_softmax_vwc(x, *, axis=-1):
 
 relu, logsumexp, log_softmax = relu_vwc.primitive, logsumexp_vwc.primitive, log_softmax_vwc.primitive
 
-# %% ../nbs/03a_primitives.ipynb #d555ba54
+# %% ../nbs/03a_primitives.ipynb #c4a8d6a1
 NONDIFFERENTIABLE = {
     np.shape, np.ndim, np.size, np.result_type, np.zeros_like, np.ones_like, np.empty_like, np.full_like,
     np.argmax, np.argmin, np.argsort, np.isfinite, np.isnan, np.isinf, np.sign, np.floor, np.ceil, np.round,
