@@ -6,15 +6,15 @@
 __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_with_gradient', 'gradient',
            'differentiable_function', 'derivative', 'without_derivative', 'with_derivative']
 
-# %% ../nbs/03d_transforms.ipynb #aef203da
-import dataclasses, numbers, sys, warnings
+# %% ../nbs/03d_transforms.ipynb #fa7d9d23
+import dataclasses, inspect, numbers, sys, types, warnings
 import numpy as np
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
 from .engine import Trace, Traced, backward, unbox, unbox_all
 from .errors import DifferentiationError, NonScalarOutputError
 from .tree import Differentiable, nondifferentiable, flatten, _describe
 
-# %% ../nbs/03d_transforms.ipynb #57b18a5a
+# %% ../nbs/03d_transforms.ipynb #890f7f26
 class ZeroDerivativeWarning(UserWarning):
     "The result does not depend on the differentiated arguments: their derivative is always zero."
 
@@ -82,7 +82,7 @@ def pullback(f, *args):
     "The pullback of `f` at `args`: a function from a cotangent of the result to cotangents of the arguments."
     return value_with_pullback(f, *args)[1]
 
-# %% ../nbs/03d_transforms.ipynb #52589bd2
+# %% ../nbs/03d_transforms.ipynb #9f573ea4
 def _seed(value, f):
     "The cotangent 1 for a scalar result; an error for anything else."
     if isinstance(value, (tuple, list, dict)) or np.ndim(unbox(value)) != 0:
@@ -108,7 +108,7 @@ def gradient(f, *args):
     gradient_of_f.__name__ = f"gradient_of_{_name(f)}"
     return gradient_of_f
 
-# %% ../nbs/03d_transforms.ipynb #c377316b
+# %% ../nbs/03d_transforms.ipynb #346bddaf
 def _split_chain(pullback, n):
     "Per-input chains from a pullback returning all `n` cotangents, calling it once per cotangent."
     last = [None, None]
@@ -128,15 +128,47 @@ def differentiable_function(vjp, name=None, forward=None):
     vwc.__doc__ = vjp.__doc__
     return Primitive(name or _name(vjp), vwc, forward=forward)
 
+_REDIRECTED = []        # differentiable versions of redirected Python functions, by index
+
+def _call_redirected(key, args, kwargs): return _REDIRECTED[key](*args, **kwargs)
+
+def _trampoline_code(n_free, key):
+    """The code of `def f(*args, **kwargs): return _call_redirected(key, args, kwargs)`, with `n_free` unused
+    free variables: Python only lets a function's code be replaced by code with as many free variables."""
+    free = [f"_fastad_free{i}" for i in range(n_free)]
+    source = "\n".join(["def outer():", *[f"    {v} = None" for v in free],
+                        "    def trampoline(*args, **kwargs):",
+                        f"        if False: ({', '.join(free)},)" if free else "        pass",
+                        "        from fastad.transforms import _call_redirected",
+                        f"        return _call_redirected({key}, args, kwargs)",
+                        "    return trampoline"])
+    namespace = {}
+    exec(source, namespace)
+    return namespace['outer']().__code__
+
+def _redirect(f, fn):
+    "Send every call of Python function `f`, however it is reached, through `fn`; `fn`'s plain calls run the original."
+    original = getattr(f, '__fastad_original__', None)
+    if original is None:
+        original = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        original.__kwdefaults__ = f.__kwdefaults__
+        f.__signature__, f.__fastad_original__ = inspect.signature(f), original
+    fn.forward = original
+    from fastad import transforms                      # the module's registry (this code may run in its notebook)
+    transforms._REDIRECTED.append(fn)
+    f.__code__ = _trampoline_code(len(f.__code__.co_freevars), len(transforms._REDIRECTED) - 1)
+
 def derivative(of):
-    """Decorator: use the decorated VJP as the derivative of `of`, a NumPy function or any Python callable.
-    Returns the VJP unchanged."""
+    """Decorator: use the decorated VJP as the derivative of `of`. A NumPy function is found through NumPy's
+    dispatch; a Python function is redirected wherever it is referenced; any other callable (a C function
+    through ctypes, say) is replaced by name in its module and the caller's. Returns the VJP unchanged."""
     def register(vjp):
-        fn = differentiable_function(vjp, name=_name(of), forward=of)
         if not callable(of): raise DifferentiationError(f"derivative: `of` must be a function, not {_describe(of)}")
+        fn = differentiable_function(vjp, name=_name(of), forward=of)
         if isinstance(of, np.ufunc): UFUNC_PRIMITIVES[of] = fn
         elif (getattr(of, '__module__', None) or '').startswith('numpy'): FUNCTION_PRIMITIVES[of] = fn
-        else:                                        # point every module-level name for `of` at `fn`
+        elif isinstance(of, types.FunctionType): _redirect(of, fn)
+        else:
             for namespace in (getattr(of, '__globals__', None), sys._getframe(1).f_globals):
                 for k, v in list((namespace or {}).items()):
                     if v is of: namespace[k] = fn
