@@ -1,0 +1,142 @@
+"""The transforms on structures, their error paths, and the custom-derivative API."""
+import warnings
+from collections import namedtuple
+import numpy as np, pytest
+import fastad as fd
+from fastad.errors import DifferentiationError, NonScalarOutputError
+
+def close(a, b): np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+# --- structures ---------------------------------------------------------------------------------------
+Pair = namedtuple('Pair', 'a b')
+
+class Inner(fd.Differentiable):
+    w: np.ndarray
+    scale: float = 2.0
+
+class Outer(fd.Differentiable):
+    inner: Inner
+    bias: float
+    name: str = fd.nondifferentiable(default='outer')
+    activation: object = fd.nondifferentiable(default=np.tanh)
+    steps: int = 3                                       # an int in a model rides along without marking
+
+def test_nested_structures_keep_their_shape():
+    x = {'t': (1.0, np.ones(2)), 'l': [np.full(3, 2.0)], 'p': Pair(3.0, np.zeros(1))}
+    g = fd.gradient(lambda d: d['t'][0] * d['t'][1].sum() + (d['l'][0] ** 2).sum() + d['p'].a * 2, x)
+    assert list(g) == ['t', 'l', 'p'] and type(g['t']) is tuple and type(g['l']) is list and type(g['p']) is Pair
+    close(g['t'][1], [1., 1.]); close(g['l'][0], [4., 4., 4.]); assert g['t'][0] == 2.0 and g['p'].a == 2.0
+    close(g['p'].b, [0.0])                                # unused: zeros of the same shape
+
+def test_nested_dataclasses():
+    m = Outer(Inner(np.array([1.0, -1.0])), 0.5)
+    def loss(m): return m.activation(m.inner.w * m.inner.scale + m.bias).sum() * m.steps
+    g = fd.gradient(loss, m)
+    assert type(g) is Outer and type(g.inner) is Inner and (g.name, g.activation, g.steps) == ('outer', np.tanh, 3)
+    pre = m.inner.w * 2.0 + 0.5
+    close(g.inner.w, 3 * 2.0 / np.cosh(pre) ** 2); close(g.bias, (3 / np.cosh(pre) ** 2).sum())
+    close(g.inner.scale, (3 * m.inner.w / np.cosh(pre) ** 2).sum())
+    assert m.inner.w.tolist() == [1.0, -1.0]            # the argument is untouched
+
+def test_integers_are_refused_naming_the_argument():
+    with pytest.raises(DifferentiationError, match="argument 1 is an integer"): fd.gradient(lambda a, b: a * b, 1.0, 2)
+    with pytest.raises(DifferentiationError, match=r"argument 0\[1\] is an integer \(ndarray of int64\)"):
+        fd.gradient(lambda t: t[0], (1.0, np.arange(3)))
+    with pytest.raises(DifferentiationError, match="argument 0 is a str"): fd.gradient(len, 'abc')
+
+def test_non_scalar_results_point_to_pullback():
+    with pytest.raises(NonScalarOutputError, match=r"shape \(3,\).*pullback"): fd.gradient(np.sin, np.ones(3))
+    with pytest.raises(NonScalarOutputError, match="result has a tuple"): fd.gradient(lambda x: (x, x), 1.0)
+
+def test_pullbacks():
+    value, pb = fd.value_with_pullback(lambda x: (np.sin(x), x * 2), np.array([0.0, 1.0]))
+    gs = [pb((np.ones(2), np.zeros(2))), pb((np.zeros(2), np.ones(2)))]
+    close(gs[0], np.cos([0.0, 1.0])); close(gs[1], [2.0, 2.0])
+    with pytest.raises(DifferentiationError, match="cotangent holds 1 arrays but the result holds 2"): pb(np.ones(2))
+    with pytest.raises(DifferentiationError, match=r"cotangent has shape \(3,\) but the result has shape \(2,\)"):
+        pb((np.ones(3), np.ones(2)))
+    with pytest.raises(DifferentiationError, match="f must be callable"): fd.pullback(3.0, 1.0)
+    with pytest.raises(DifferentiationError, match="no arguments"): fd.value_with_pullback(np.sin)
+
+def test_gradient_forms():
+    assert fd.gradient(lambda x, y: x * y, 2.0, 3.0) == (3.0, 2.0)
+    g = fd.gradient(lambda x: x ** 2)
+    assert g(3.0) == 6.0 and g.__name__ == 'gradient_of_<lambda>'
+    assert fd.value_with_gradient(lambda x: x ** 2, 3.0) == (9.0, 6.0)
+
+def test_zero_derivative_warns():
+    with pytest.warns(fd.ZeroDerivativeWarning, match="does not depend"):
+        assert fd.gradient(lambda x: 5.0 + 0 * fd.without_derivative(x), 1.0) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        fd.gradient(np.sin, 1.0)                          # no warning when the result depends on x
+
+# --- custom derivatives -----------------------------------------------------------------------------------
+def cube_root(x): return np.cbrt(x)                       # np.cbrt has no derivative in the table
+
+def test_derivative_of_a_python_function():
+    calls = []
+    def slow_square(x): return x * x
+    @fd.derivative(of=slow_square)
+    def slow_square_vjp(x):
+        calls.append(x)
+        return slow_square(x), lambda v: v * 2 * x * 10    # deliberately not the true derivative: must be used
+    assert fd.gradient(slow_square, 3.0) == 60.0 and len(calls) == 1
+    assert fd.gradient(lambda x: slow_square(x) + 1, 3.0) == 60.0   # also when called by name inside another function
+    assert slow_square(3.0) == 9.0                                  # plain calls compute as before
+
+def test_derivative_of_a_numpy_function():
+    @fd.derivative(of=np.cbrt)
+    def cbrt_vjp(x):
+        y = np.cbrt(x)
+        return y, lambda v: v / (3 * y * y)
+    close(fd.gradient(lambda x: cube_root(x).sum(), np.array([1.0, 8.0])), [1 / 3, 1 / 12])
+
+def test_differentiable_function_with_several_inputs():
+    calls = []
+    def vjp(a, b, c):
+        def pb(v):
+            calls.append(v)
+            return v * b * c, v * a * c, v * a * b
+        return a * b * c, pb
+    prod3 = fd.differentiable_function(vjp, name='prod3')
+    assert fd.gradient(prod3, 2.0, 3.0, 4.0) == (12.0, 8.0, 6.0) and len(calls) == 1   # one pullback call for all three
+    assert prod3(2.0, 3.0, 4.0) == 24.0 and prod3.__name__ == 'prod3'
+    close(fd.gradient(lambda x: prod3(x, 2.0, 3.0), 1.0), 6.0)                          # only one input traced
+
+def test_without_derivative_on_structures():
+    d = fd.without_derivative({'a': 1.0, 'b': [np.ones(2)]})
+    assert d['a'] == 1.0 and d['b'][0].tolist() == [1.0, 1.0]
+    assert fd.gradient(lambda x: x * fd.without_derivative(x), 3.0) == 3.0
+    assert fd.gradient(lambda x, y: np.sin(np.sin(x)) + fd.without_derivative(np.cos(y)), 2.0, 3.0)[1] == 0.0
+
+def test_with_derivative_hooks():
+    seen = []
+    assert fd.gradient(lambda x: fd.with_derivative(np.sin(x), seen.append) + np.log(x), 30.0) == np.cos(30.0) + 1 / 30
+    assert seen == [1.0]
+    def rewrite(g): return 0.5                                              # derivative surgery: replace the cotangent
+    assert fd.gradient(lambda x: np.sin(x) + np.log(fd.with_derivative(x, rewrite)), np.float32(30.0)) == np.float32(0.65425146)
+
+def test_in_place_hook_does_not_corrupt_shared_cotangents():
+    def double(g): g *= 2                                 # changes its (own) copy in place
+    # x + x hands the same cotangent array to both uses; only the hooked path may be doubled
+    g = fd.gradient(lambda x: (fd.with_derivative(x, double) + x).sum(), np.ones(3))
+    close(g, [3.0, 3.0, 3.0])
+    g = fd.gradient(lambda x: fd.with_derivative(x, double).mean(), np.ones(4))   # a read-only broadcast view inside
+    close(g, np.full(4, 0.5))
+
+def test_hook_must_be_callable():
+    with pytest.raises(DifferentiationError, match="hook must be callable"): fd.with_derivative(1.0, 3)
+
+import ctypes, ctypes.util
+_libm = ctypes.CDLL(ctypes.util.find_library('m'))
+c_exp = _libm.exp                                         # a C function: it never sees a traced value
+c_exp.restype, c_exp.argtypes = ctypes.c_double, [ctypes.c_double]
+
+def test_derivative_of_a_c_function():
+    @fd.derivative(of=c_exp)
+    def c_exp_vjp(x):
+        y = c_exp(x)
+        return y, lambda v: v * y
+    close(fd.gradient(lambda x: c_exp(x) * 2, 1.5), 2 * np.exp(1.5))   # the module-level name now differentiates
+    close(c_exp(1.0), np.e)                                             # and plain calls still reach C
