@@ -6,7 +6,7 @@
 __all__ = ['Trace', 'apply', 'apply_scalar', 'backward', 'unbox', 'unbox_all', 'Traced', 'is_traced', 'trace', 'PrimitiveLog',
            'trace_primitives']
 
-# %% ../nbs/03b_engine.ipynb #ef952db0
+# %% ../nbs/03b_engine.ipynb #e0af6b9c
 import sys
 import numpy as np
 from collections import Counter
@@ -14,7 +14,7 @@ from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES, NONDIF
 from . import primitives as P
 from .errors import DifferentiationError, NoDerivativeError
 
-# %% ../nbs/03b_engine.ipynb #4d333231
+# %% ../nbs/03b_engine.ipynb #e3561236
 class Trace:
     "One reverse-mode recording: a tape with one entry `(name, parents)` per traced value (`None` for inputs)."
     __slots__ = ('level', 'tape', 'active')
@@ -39,7 +39,7 @@ def _finished():
     return DifferentiationError("a traced value was used after its transform finished: return it from the "
                                 "function instead of storing it, or use without_derivative(x)")
 
-# %% ../nbs/03b_engine.ipynb #dbabca31
+# %% ../nbs/03b_engine.ipynb #3ee59c0e
 def _unbroadcasting(chain, shape): return lambda g: unbroadcast(chain(g), shape)
 
 def apply(prim, args, kwargs=_NO_KWARGS):
@@ -84,7 +84,7 @@ def apply_scalar(prim, x, c, reflected):
     tape.append((prim.name, ((x.idx, chains[reflected]),)))
     return t
 
-# %% ../nbs/03b_engine.ipynb #0007435b
+# %% ../nbs/03b_engine.ipynb #7d459614
 def backward(trace, seeds):
     "The reverse sweep: the cotangent of every tape entry of `trace`, given `seeds` {tape index: cotangent}."
     tape, log = trace.tape, _log
@@ -113,7 +113,7 @@ def unbox_all(obj):
     if type(obj) is dict: return {k: unbox_all(v) for k, v in obj.items()}
     return obj
 
-# %% ../nbs/03b_engine.ipynb #f00cc1d9
+# %% ../nbs/03b_engine.ipynb #b3b34e99
 def _no_derivative(name):
     return NoDerivativeError(
         f"{name} has no derivative in fastad, and it was called on a traced value. Give it one with "
@@ -167,7 +167,7 @@ _ADAPTERS = {
 }
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 
-# %% ../nbs/03b_engine.ipynb #90952e7d
+# %% ../nbs/03b_engine.ipynb #8b8a4cb9
 class Traced:
     "A value being differentiated: it takes part in plain NumPy code and records what it meets on its trace."
     __slots__ = ('value', 'trace', 'idx')
@@ -192,7 +192,7 @@ class Traced:
         prim = FUNCTION_PRIMITIVES.get(func)
         if prim is not None: return apply(prim, args, kwargs)
         if func in NONDIFFERENTIABLE: return func(*unbox_all(args), **unbox_all(kwargs))
-        raise _no_derivative(f"numpy.{func.__name__}")
+        raise _no_derivative(f"{getattr(func, '__module__', None) or 'numpy'}.{func.__name__}")   # numpy.linalg.inv, ...
 
     @staticmethod
     def __fastad_primitive__(prim, args, kwargs): return apply(prim, args, kwargs)
@@ -284,7 +284,7 @@ def is_traced(x):
     "Is `x` a value being differentiated?"
     return type(x) is Traced
 
-# %% ../nbs/03b_engine.ipynb #58cbecef
+# %% ../nbs/03b_engine.ipynb #62743063
 def trace():
     "Print the name of the function that calls `trace()`."
     print(sys._getframe(1).f_code.co_name)
