@@ -6,7 +6,7 @@
 __all__ = ['Trace', 'apply', 'apply_scalar', 'backward', 'unbox', 'unbox_all', 'Traced', 'is_traced', 'trace', 'PrimitiveLog',
            'trace_primitives']
 
-# %% ../nbs/03b_engine.ipynb #e0af6b9c
+# %% ../nbs/03b_engine.ipynb #233f65a9
 import sys
 import numpy as np
 from collections import Counter
@@ -14,7 +14,7 @@ from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES, NONDIF
 from . import primitives as P
 from .errors import DifferentiationError, NoDerivativeError
 
-# %% ../nbs/03b_engine.ipynb #e3561236
+# %% ../nbs/03b_engine.ipynb #4db5e0b8
 class Trace:
     "One reverse-mode recording: a tape with one entry `(name, parents)` per traced value (`None` for inputs)."
     __slots__ = ('level', 'tape', 'active')
@@ -39,7 +39,7 @@ def _finished():
     return DifferentiationError("a traced value was used after its transform finished: return it from the "
                                 "function instead of storing it, or use without_derivative(x)")
 
-# %% ../nbs/03b_engine.ipynb #3ee59c0e
+# %% ../nbs/03b_engine.ipynb #e058807e
 def _unbroadcasting(chain, shape): return lambda g: unbroadcast(chain(g), shape)
 
 def apply(prim, args, kwargs=_NO_KWARGS):
@@ -84,7 +84,7 @@ def apply_scalar(prim, x, c, reflected):
     tape.append((prim.name, ((x.idx, chains[reflected]),)))
     return t
 
-# %% ../nbs/03b_engine.ipynb #7d459614
+# %% ../nbs/03b_engine.ipynb #fbfcfc80
 def backward(trace, seeds):
     "The reverse sweep: the cotangent of every tape entry of `trace`, given `seeds` {tape index: cotangent}."
     tape, log = trace.tape, _log
@@ -113,7 +113,7 @@ def unbox_all(obj):
     if type(obj) is dict: return {k: unbox_all(v) for k, v in obj.items()}
     return obj
 
-# %% ../nbs/03b_engine.ipynb #b3b34e99
+# %% ../nbs/03b_engine.ipynb #c519f886
 def _no_derivative(name):
     return NoDerivativeError(
         f"{name} has no derivative in fastad, and it was called on a traced value. Give it one with "
@@ -126,9 +126,12 @@ def _reject_out(name, kwargs):
                                        f"or masks the result); compute a new array instead")
 
 def _reduction(prim):
-    def adapter(x, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-        _reject_out(f"numpy.{prim.name}", dict(out=out, **kwargs))
-        return apply(prim, (x,), dict(axis=axis, keepdims=keepdims))
+    def adapter(x, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
+        _reject_out(f"numpy.{prim.name}", dict(out=out, where=where))
+        if dtype is not None: x = x.astype(dtype)       # reduce in the requested precision, as NumPy does
+        result = apply(prim, (x,), dict(axis=axis, keepdims=keepdims))
+        if initial is None: return result
+        return result + initial if prim.name == 'sum' else _INITIAL[prim.name](result, initial)
     return adapter
 
 def _joined(prim):
@@ -166,8 +169,9 @@ _ADAPTERS = {
     np.dot: lambda a, b, out=None: apply(P.dot_vwc.primitive, (a, b)),
 }
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
+_INITIAL = {'max': np.maximum, 'min': np.minimum}
 
-# %% ../nbs/03b_engine.ipynb #8b8a4cb9
+# %% ../nbs/03b_engine.ipynb #239df924
 class Traced:
     "A value being differentiated: it takes part in plain NumPy code and records what it meets on its trace."
     __slots__ = ('value', 'trace', 'idx')
@@ -245,10 +249,10 @@ class Traced:
     def __setitem__(self, index, value):
         raise DifferentiationError("cannot assign into a traced value: in-place updates are not differentiable. "
                                    "Build a new array instead, e.g. with numpy.where or numpy.concatenate")
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False): return np.sum(self, axis=axis, out=out, keepdims=keepdims)
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False): return np.mean(self, axis=axis, out=out, keepdims=keepdims)
-    def max(self, axis=None, out=None, keepdims=False): return np.max(self, axis=axis, out=out, keepdims=keepdims)
-    def min(self, axis=None, out=None, keepdims=False): return np.min(self, axis=axis, out=out, keepdims=keepdims)
+    def sum(self, axis=None, **kwargs): return np.sum(self, axis=axis, **kwargs)
+    def mean(self, axis=None, **kwargs): return np.mean(self, axis=axis, **kwargs)
+    def max(self, axis=None, **kwargs): return np.max(self, axis=axis, **kwargs)
+    def min(self, axis=None, **kwargs): return np.min(self, axis=axis, **kwargs)
     def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
         d = self - self.mean(axis=axis, keepdims=True)
         n = np.size(unbox(self)) // max(np.size(np.mean(unbox(self), axis=axis)), 1)
@@ -284,7 +288,7 @@ def is_traced(x):
     "Is `x` a value being differentiated?"
     return type(x) is Traced
 
-# %% ../nbs/03b_engine.ipynb #62743063
+# %% ../nbs/03b_engine.ipynb #162b3cc0
 def trace():
     "Print the name of the function that calls `trace()`."
     print(sys._getframe(1).f_code.co_name)

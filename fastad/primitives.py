@@ -11,10 +11,11 @@ __all__ = ['UFUNC_PRIMITIVES', 'FUNCTION_PRIMITIVES', 'scatter_add', 'relu', 'lo
            'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc', 'getitem_vwc',
            'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
 
-# %% ../nbs/03a_primitives.ipynb #57a9a2c2
+# %% ../nbs/03a_primitives.ipynb #9aad28b4
 import numpy as np
+from .errors import NoDerivativeError
 
-# %% ../nbs/03a_primitives.ipynb #5f6eafed
+# %% ../nbs/03a_primitives.ipynb #aca7407e
 class Primitive:
     """A differentiable operation: a name, its VWC, and whether it broadcasts its inputs elementwise.
     Calling it computes the value; an argument whose type defines `__fastad_primitive__` (the engine's
@@ -41,7 +42,7 @@ def defvwc(*fns, name=None, unary=False, broadcasts=False):
         return vwc
     return register
 
-# %% ../nbs/03a_primitives.ipynb #a1013ff5
+# %% ../nbs/03a_primitives.ipynb #dce2e126
 def unbroadcast(g, shape):
     "Sum cotangent `g` down to `shape`, undoing NumPy's broadcasting."
     gshape = np.shape(g)
@@ -50,7 +51,7 @@ def unbroadcast(g, shape):
     axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and gshape[i + lead] != 1)
     return np.reshape(np.sum(g, axis=axes) if axes else g, shape)
 
-# %% ../nbs/03a_primitives.ipynb #6ffbc4d1
+# %% ../nbs/03a_primitives.ipynb #a485fe24
 @defvwc(np.add, broadcasts=True)
 def add_vwc(x, y): return x + y, (lambda g: g, lambda g: g)
 
@@ -87,7 +88,7 @@ def minimum_vwc(x, y):
     mask = x <= y
     return np.minimum(x, y), (lambda g: g * mask, lambda g: g * ~mask)
 
-# %% ../nbs/03a_primitives.ipynb #de4d338f
+# %% ../nbs/03a_primitives.ipynb #d9c54603
 @defvwc(np.exp, unary=True)
 def exp_vwc(x):
     ans = np.exp(x)
@@ -131,7 +132,7 @@ def expm1_vwc(x):
 @defvwc(np.log1p, unary=True)
 def log1p_vwc(x): return np.log1p(x), lambda g: g / (1 + x)
 
-# %% ../nbs/03a_primitives.ipynb #667450ff
+# %% ../nbs/03a_primitives.ipynb #958e6310
 @defvwc(np.matmul)
 def matmul_vwc(x, y):
     def dx(g):
@@ -147,13 +148,13 @@ def matmul_vwc(x, y):
 @defvwc(np.dot)
 def dot_vwc(x, y):
     if np.ndim(x) > 2 or np.ndim(y) > 2:
-        raise NotImplementedError("numpy.dot of arrays with more than 2 dimensions has no derivative in fastad: use matmul (@)")
+        raise NoDerivativeError("numpy.dot of arrays with more than 2 dimensions has no derivative in fastad: use matmul (@)")
     if np.ndim(x) and np.ndim(y): return matmul_vwc(x, y)
     ans, (dx, dy) = multiply_vwc(x, y)                    # a scalar operand: dot is a (broadcasting) product
     sx, sy = np.shape(x), np.shape(y)
     return ans, (lambda g: unbroadcast(dx(g), sx), lambda g: unbroadcast(dy(g), sy))
 
-# %% ../nbs/03a_primitives.ipynb #3de5b32c
+# %% ../nbs/03a_primitives.ipynb #05a5b12c
 def _expand(g, shape, axis, keepdims):
     "Give a reduced cotangent back its reduced axes, ready to broadcast to `shape`."
     if axis is None or keepdims or not shape: return g
@@ -184,7 +185,7 @@ def max_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.max, x, ax
 @defvwc(np.min, np.amin, unary=True)
 def min_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.min, x, axis, keepdims)
 
-# %% ../nbs/03a_primitives.ipynb #f33e9318
+# %% ../nbs/03a_primitives.ipynb #dce5ca50
 @defvwc(np.reshape, unary=True)
 def reshape_vwc(x, *, shape):
     old = np.shape(x)
@@ -248,7 +249,7 @@ def stack_vwc(*xs, axis=0):
         return lambda g: g[index]
     return np.stack(xs, axis=axis), tuple(chain(i) for i in range(len(xs)))
 
-# %% ../nbs/03a_primitives.ipynb #3a2bafd2
+# %% ../nbs/03a_primitives.ipynb #5d8be29c
 @defvwc(np.where)
 def where_vwc(cond, x, y):
     return np.where(cond, x, y), (None, lambda g: unbroadcast(g * cond, np.shape(x)),
@@ -259,7 +260,7 @@ def clip_vwc(x, *, a_min, a_max):
     inside = (x >= (-np.inf if a_min is None else a_min)) & (x <= (np.inf if a_max is None else a_max))
     return np.clip(x, a_min, a_max), lambda g: g * inside
 
-# %% ../nbs/03a_primitives.ipynb #0844b647
+# %% ../nbs/03a_primitives.ipynb #244a3129
 @defvwc(name='relu', unary=True)
 def relu_vwc(x):
     "max(x, 0), elementwise."
@@ -284,7 +285,7 @@ def log_softmax_vwc(x, *, axis=-1):
 
 relu, logsumexp, log_softmax = relu_vwc.primitive, logsumexp_vwc.primitive, log_softmax_vwc.primitive
 
-# %% ../nbs/03a_primitives.ipynb #c4a8d6a1
+# %% ../nbs/03a_primitives.ipynb #a622fecd
 NONDIFFERENTIABLE = {
     np.shape, np.ndim, np.size, np.result_type, np.zeros_like, np.ones_like, np.empty_like, np.full_like,
     np.argmax, np.argmin, np.argsort, np.isfinite, np.isnan, np.isinf, np.sign, np.floor, np.ceil, np.round,

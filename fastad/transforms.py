@@ -6,7 +6,7 @@
 __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_with_gradient', 'gradient',
            'differentiable_function', 'derivative', 'without_derivative', 'with_derivative']
 
-# %% ../nbs/03d_transforms.ipynb #fa7d9d23
+# %% ../nbs/03d_transforms.ipynb #10b2d9d2
 import dataclasses, inspect, numbers, sys, types, warnings
 import numpy as np
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
@@ -14,7 +14,7 @@ from .engine import Trace, Traced, backward, unbox, unbox_all
 from .errors import DifferentiationError, NonScalarOutputError
 from .tree import Differentiable, nondifferentiable, flatten, _describe
 
-# %% ../nbs/03d_transforms.ipynb #890f7f26
+# %% ../nbs/03d_transforms.ipynb #edc2afa1
 class ZeroDerivativeWarning(UserWarning):
     "The result does not depend on the differentiated arguments: their derivative is always zero."
 
@@ -29,6 +29,8 @@ def _as_gradient(ct, primal, seen):
     if type(ct) is Traced or type(primal) is Traced: return ct      # inside a nested transform: stays traced
     if type(primal) is float: return float(ct)
     if isinstance(primal, np.generic): return type(primal)(ct)
+    if isinstance(primal, np.ndarray) and not isinstance(ct, np.ndarray):      # a 0-d array, not a NumPy scalar
+        ct = np.array(ct, dtype=primal.dtype)
     if np.shape(ct) != primal.shape: ct = np.broadcast_to(ct, primal.shape)
     if getattr(ct, 'dtype', None) != primal.dtype: ct = ct.astype(primal.dtype)
     elif getattr(ct, 'base', None) is not None or id(ct) in seen: ct = ct.copy()
@@ -73,7 +75,7 @@ def value_with_pullback(f, *args):
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
         cts = backward(trace, seeds) if seeds else [None] * len(primals)
-        seen = set()
+        seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
         grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)])
         return grads[0] if len(args) == 1 else grads
     return value, pullback
@@ -82,7 +84,7 @@ def pullback(f, *args):
     "The pullback of `f` at `args`: a function from a cotangent of the result to cotangents of the arguments."
     return value_with_pullback(f, *args)[1]
 
-# %% ../nbs/03d_transforms.ipynb #9f573ea4
+# %% ../nbs/03d_transforms.ipynb #c7652e1d
 def _seed(value, f):
     "The cotangent 1 for a scalar result; an error for anything else."
     if isinstance(value, (tuple, list, dict)) or np.ndim(unbox(value)) != 0:
@@ -108,7 +110,7 @@ def gradient(f, *args):
     gradient_of_f.__name__ = f"gradient_of_{_name(f)}"
     return gradient_of_f
 
-# %% ../nbs/03d_transforms.ipynb #346bddaf
+# %% ../nbs/03d_transforms.ipynb #6d7aafe5
 def _split_chain(pullback, n):
     "Per-input chains from a pullback returning all `n` cotangents, calling it once per cotangent."
     last = [None, None]
