@@ -1,71 +1,148 @@
-"""The engine's contract: NumPy routing, refusals, constants off the tape, dtypes, nesting, leaks, threads, faults."""
-import gc, threading
+"""The engine's contract: NumPy routing, refusals, constants off the tape, dtypes, nesting, leaks, threads, faults.
+
+Tests that take arrays run under every backend (`any_backend`): under the strict one, a primitive or pullback
+that quietly copies to the host raises, and every gradient must come back as a device array.
+"""
+import gc, threading, types
 import numpy as np, pytest
 import fastad as fd
 import fastad.primitives as P
 from fastad.engine import Trace, Traced
-from fastad.errors import DifferentiationError, NoDerivativeError
-from fastad.backend import to_device, to_host, array_module
+from fastad.errors import DifferentiationError, NoDerivativeError, FastADError
+from fastad.backend import to_device, to_host
 from fastad.strict import StrictArray
 
 def close(a, b, tol=1e-9): np.testing.assert_allclose(to_host(a), to_host(b), rtol=tol, atol=tol)
+def dev(a): return to_device(np.asarray(a, np.float64))       # a constant on the active backend's device
+
+def assert_on_device(g, x):
+    "A gradient lives where its argument does, with its dtype: a StrictArray for a StrictArray, and so on."
+    assert type(g) is type(x) and g.dtype == x.dtype and g.shape == x.shape, (type(g), type(x), g.dtype, x.dtype)
 
 # --- routing: every way NumPy code reaches the engine ----------------------------------------------
 X = np.array([[0.5, -1.0, 2.0], [1.5, 0.3, -0.7]])
+def unit(i): return np.eye(6)[i].reshape(2, 3)
 
 @pytest.mark.parametrize('f, grad', [
-    (lambda x: np.sin(x).sum(), lambda x: np.cos(x)),                       # ufunc -> __array_ufunc__
+    (lambda x: np.sin(x).sum(), np.cos),                                       # ufunc -> __array_ufunc__
+    (lambda x: np.exp(x).sum(), np.exp),
     (lambda x: np.maximum(x, 0).sum(), lambda x: (x > 0) * 1.0),
-    (lambda x: (np.ones((4, 2)) @ x).sum(), lambda x: np.full_like(x, 4.0)),  # ndarray @ traced -> __array_ufunc__
-    (lambda x: (np.float64(3) * x).sum(), lambda x: np.full_like(x, 3.0)),    # numpy scalar * traced
-    (lambda x: (x * np.float64(3)).sum(), lambda x: np.full_like(x, 3.0)),    # traced * numpy scalar -> dunder
-    (lambda x: np.sum(x * x), lambda x: 2 * x), (lambda x: np.mean(x), lambda x: np.full_like(x, 1 / 6)),
-    (lambda x: np.reshape(x, -1)[1], lambda x: np.eye(6)[1].reshape(2, 3)),
-    (lambda x: np.squeeze(x[:1])[2], lambda x: np.eye(6)[2].reshape(2, 3)),
-    (lambda x: np.dot(x, np.ones(3)).sum(), lambda x: np.ones_like(x)),
-    (lambda x: np.transpose(x)[0, 1], lambda x: np.eye(6)[3].reshape(2, 3)),
+    (lambda x: (dev(np.ones((4, 2))) @ x).sum(), lambda x: np.full_like(x, 4.0)),  # array @ traced -> __array_ufunc__
+    (lambda x: (np.float64(3) * x).sum(), lambda x: np.full_like(x, 3.0)),    # numpy scalar * traced -> __array_ufunc__
+    (lambda x: (x * np.float64(3)).sum(), lambda x: np.full_like(x, 3.0)),    # traced * numpy scalar -> the dunder
+    (lambda x: np.sum(x * x), lambda x: 2 * x), (lambda x: np.mean(x), lambda x: np.full_like(x, 1 / 6)),   # __array_function__
+    (lambda x: np.reshape(x, -1)[1], lambda x: unit(1)), (lambda x: np.squeeze(x[:1])[2], lambda x: unit(2)),
+    (lambda x: np.dot(x, dev(np.ones(3))).sum(), np.ones_like), (lambda x: np.transpose(x)[0, 1], lambda x: unit(3)),
     (lambda x: np.concatenate([x, x]).sum(), lambda x: np.full_like(x, 2.0)),
     (lambda x: x.mean(), lambda x: np.full_like(x, 1 / 6)), (lambda x: x.sum(1)[0], lambda x: np.array([[1., 1, 1], [0, 0, 0]])),
-    (lambda x: x.T[2, 0], lambda x: np.eye(6)[2].reshape(2, 3)), (lambda x: x.reshape(3, 2)[0, 1], lambda x: np.eye(6)[1].reshape(2, 3)),
-    (lambda x: x[:1].squeeze()[0], lambda x: np.eye(6)[0].reshape(2, 3)), (lambda x: x.max(), lambda x: np.eye(6)[2].reshape(2, 3)),
-    (lambda x: x.astype(np.float32).sum(), lambda x: np.ones_like(x)),
+    (lambda x: x.T[2, 0], lambda x: unit(2)), (lambda x: x.reshape(3, 2)[0, 1], lambda x: unit(1)),
+    (lambda x: x[:1].squeeze()[0], lambda x: unit(0)), (lambda x: x.max(), lambda x: unit(2)),
+    (lambda x: x.std(), lambda x: (x - x.mean()) / (x.size * x.std())),
+    (lambda x: x.var(axis=0).sum(), lambda x: 2 * (x - x.mean(0)) / 2),
+    (lambda x: x.astype(np.float32).sum(), np.ones_like),
 ])
-def test_routing(f, grad): close(fd.gradient(f, X), grad(X))
+def test_routing(any_backend, f, grad):
+    x = dev(X)
+    g = fd.gradient(f, x)
+    assert_on_device(g, x)
+    close(g, grad(X))
+
+@pytest.mark.parametrize('f, route', [
+    (np.sin, 'ufunc'), (np.exp, 'ufunc'), (lambda x: np.maximum(x, 0), 'ufunc'), (lambda x: np.ones((4, 2)) @ x, 'ufunc'),
+    (lambda x: np.float64(3) * x, 'ufunc'), (lambda x: x * np.float64(3), ''), (lambda x: x * 3.0, ''),
+    (lambda x: 3.0 - x, ''), (lambda x: x @ np.ones(3), ''), (np.sum, 'function'), (np.mean, 'function'),
+    (lambda x: np.reshape(x, -1), 'function'), (np.squeeze, 'function'), (lambda x: np.dot(x, np.ones(3)), 'function'),
+    (np.transpose, 'function'), (lambda x: np.concatenate([x, x]), 'function'), (lambda x: x.sum(0), 'function'),
+])
+def test_which_protocol_numpy_uses(monkeypatch, f, route):
+    seen = []
+    def spy(kind, real):
+        def method(self, *args, **kwargs): seen.append(kind); return real(self, *args, **kwargs)
+        return method
+    monkeypatch.setattr(Traced, '__array_ufunc__', spy('ufunc', Traced.__array_ufunc__))
+    monkeypatch.setattr(Traced, '__array_function__', spy('function', Traced.__array_function__))
+    fd.value_with_pullback(f, X)
+    assert seen[:1] == ([route] if route else [])
 
 # --- what the engine refuses ------------------------------------------------------------------------
-@pytest.mark.parametrize('f, name', [(np.cumsum, 'numpy.cumsum'), (np.sort, 'numpy.sort'), (np.linalg.inv, 'numpy.linalg.inv'),
-                                     (lambda x: np.add.accumulate(x), 'numpy.add.accumulate'), (np.arctan, 'numpy.arctan')])
-def test_no_derivative_names_the_function(f, name):
-    with pytest.raises(NoDerivativeError, match=rf"{name.split('.')[-1]}.*no derivative.*derivative\(of="):
-        fd.gradient(lambda x: f(x).sum(), np.eye(2) + 1)
+@pytest.mark.parametrize('f, name', [(np.cumsum, 'numpy.cumsum'), (np.sort, 'numpy.sort'),
+                                     (lambda x: np.add.accumulate(x), 'numpy.add.accumulate'), (np.arctan, 'numpy.arctan'),
+                                     (np.linalg.inv, 'numpy.linalg.inv')])
+def test_no_derivative_names_the_function(any_backend, f, name):
+    with pytest.raises(NoDerivativeError, match=rf"{name} has no derivative.*derivative\(of="):
+        fd.gradient(lambda x: f(x).sum(), dev(np.eye(2) + 1))
+
+def test_no_derivative_names_submodule_functions_in_full():
+    with pytest.raises(NoDerivativeError, match=r"numpy\.linalg\.inv has no derivative.*derivative\(of=numpy\.linalg\.inv\)"):
+        fd.gradient(lambda x: np.linalg.inv(x).sum(), np.eye(2) + 1)
 
 @pytest.mark.parametrize('f, message', [
-    (lambda x: np.sin(x, out=np.empty(3)).sum(), "`out=`"), (lambda x: np.sum(x, out=np.empty(())), "`out=`"),
-    (lambda x: np.add(x, 1, where=np.ones(3, bool)).sum(), "`where=`"), (lambda x: np.asarray(x).sum(), "cannot become a plain NumPy array"),
-    (lambda x: float(x[0]), "would drop its derivative"), (lambda x: x.__setitem__(0, 1.0), "cannot assign into a traced value"),
+    (lambda x: np.sin(x, out=np.empty(3)).sum(), "numpy.sin: the `out=`"), (lambda x: np.sum(x, out=np.empty(())), "numpy.sum: the `out=`"),
+    (lambda x: np.add(x, 1, where=np.ones(3, bool)).sum(), "numpy.add: the `where=`"),
+    (lambda x: np.mean(x, where=np.ones(3, bool)), "numpy.mean: the `where=`"),
+    (lambda x: np.asarray(x).sum(), "cannot become a plain NumPy array"),
+    (lambda x: float(x[0]), "float\\(\\) of a traced value would drop its derivative"),
+    (lambda x: x.__setitem__(0, 1.0), "cannot assign into a traced value"),
     (lambda x: np.clip(np.ones(3), x, 2).sum(), "numpy.clip: this argument cannot be differentiated")])
 def test_refusals(f, message):
     with pytest.raises(DifferentiationError, match=message): fd.gradient(f, np.ones(3))
+
+def test_refusals_on_device(strict_backend):
+    with pytest.raises(DifferentiationError, match="cannot become a plain NumPy array"):
+        fd.gradient(lambda x: np.asarray(x).sum(), dev(np.ones(3)))
+    with pytest.raises(DifferentiationError, match="cannot assign into a traced value"):
+        fd.gradient(lambda x: x.__setitem__(0, 1.0), dev(np.ones(3)))
+
+def test_initial_is_honoured_or_refused():
+    try: value, g = fd.value_with_gradient(lambda x: np.sum(x, initial=1.0), np.ones(3))
+    except DifferentiationError as e: assert 'initial' in str(e)
+    else: assert value == 4.0 and g.tolist() == [1.0, 1.0, 1.0]
+
+def test_reduction_dtype_is_honoured_or_refused():
+    try: value = fd.value_with_gradient(lambda x: np.sum(x, dtype=np.float64), np.ones(3, np.float32))[0]
+    except DifferentiationError as e: assert 'dtype' in str(e)
+    else: assert value.dtype == np.float64
+
+def test_method_keywords_reach_the_refusal():
+    with pytest.raises(DifferentiationError, match="where="): fd.gradient(lambda x: x.sum(where=np.ones(3, bool)), np.ones(3))
+
+def test_dot_of_high_dimensional_arrays_is_refused_with_a_fastad_error():
+    with pytest.raises(FastADError, match="numpy.dot"): fd.gradient(lambda x: np.dot(x, np.ones(2)).sum(), np.ones((2, 2, 2)))
 
 def test_escaped_traced_value_is_refused():
     kept = []
     fd.gradient(lambda x: (kept.append(x), x * 2)[1], 1.0)
     with pytest.raises(DifferentiationError, match="after its transform finished"): kept[0] + 1
+    with pytest.raises(DifferentiationError, match="after its transform finished"): np.sin(kept[0])
 
 # --- constants stay off the tape; no cotangent nobody asked for ------------------------------------------
-def test_constants_never_enter_the_tape():
-    data = np.ones((5, 3))
-    with fd.trace_primitives() as log: fd.gradient(lambda w: np.tanh(data @ w).sum(), np.ones(3))
+def test_constants_never_enter_the_tape(any_backend):
+    data = dev(np.ones((5, 3)))
+    with fd.trace_primitives() as log: fd.gradient(lambda w: np.tanh(data @ w).sum(), dev(np.ones(3)))
     assert log.count('forward') == 3 and log.count('pullback') == 3            # matmul, tanh, sum: nothing for `data`
+    with fd.trace_primitives() as log: fd.gradient(lambda w: (np.exp(data * 2.0) @ w).sum(), dev(np.ones(3)))
+    assert log.count('forward') == 2 and log.count('pullback') == 2            # exp(data * 2) is computed untraced
 
-def test_matmul_with_constant_operand_runs_one_product(monkeypatch):
+def counting_numpy(calls):
+    "A stand-in for the `np` that fastad.primitives sees: numpy itself, but matmul counts its calls."
+    def matmul(a, b, *args, **kwargs):
+        calls.append((np.shape(a), np.shape(b)))
+        return np.matmul(a, b, *args, **kwargs)
+    proxy = types.ModuleType('numpy_counting')
+    proxy.__getattr__ = lambda name: getattr(np, name)            # module-level __getattr__ (PEP 562)
+    proxy.matmul = matmul
+    return proxy
+
+def test_matmul_with_constant_operand_runs_one_product(any_backend, monkeypatch):
     calls = []
-    real = np.matmul
-    def counting(a, b, *args, **kwargs): calls.append((np.shape(a), np.shape(b))); return real(a, b, *args, **kwargs)
-    monkeypatch.setattr(P.np, 'matmul', counting)        # the primitives call np.matmul through their module
-    data, w = np.ones((100, 20)), np.ones((20, 3))
-    fd.gradient(lambda w: (data @ w).sum(), w)
+    monkeypatch.setattr(P, 'np', counting_numpy(calls))
+    data, w = dev(np.ones((100, 20))), dev(np.ones((20, 3)))
+    g = fd.gradient(lambda w: (data @ w).sum(), w)
     assert calls == [((100, 20), (20, 3)), ((20, 100), (100, 3))]   # forward, then only the weight's cotangent
+    assert_on_device(g, w); close(g, np.full((20, 3), 100.0))
+    calls.clear()
+    fd.gradient(lambda d: (d @ w).sum(), data)                     # now the data is differentiated instead
+    assert calls == [((100, 20), (20, 3)), ((100, 3), (3, 20))]
 
 def test_printing_switch(capsys):
     with fd.trace_primitives(show=True) as log: fd.gradient(lambda x: np.exp(x * 2.0), 1.0)
@@ -74,14 +151,38 @@ def test_printing_switch(capsys):
     fd.gradient(np.sin, 1.0)
     assert capsys.readouterr().out == '' and log.count() == 4          # off outside the block
 
+def test_logs_nest():
+    with fd.trace_primitives() as outer:
+        with fd.trace_primitives() as inner: fd.gradient(np.sin, 1.0)
+        fd.gradient(np.cos, 1.0)
+    assert inner.count() == 2 and outer.count() == 2 and outer.count(name='cos') == 2
+
 # --- types, dtypes, devices, aliasing --------------------------------------------------------------------
-def test_types_follow_the_argument(any_backend):
-    x32 = to_device(np.ones(3, np.float32))
-    g = fd.gradient(lambda x: (x * 0.5 + np.exp(x)).sum() / 3.0, x32)
-    assert g.dtype == np.float32 and array_module(g) is any_backend
+def test_float32_stays_float32(any_backend):
+    r = np.random.default_rng(0)
+    data = to_device(r.standard_normal((8, 5)).astype(np.float32))
+    w1, b1, w2 = (to_device(r.standard_normal(s).astype(np.float32)) for s in ((5, 4), (4,), (4, 1)))
+    def loss(w1, b1, w2):          # Python-float constants everywhere: they must not promote to float64
+        h = np.tanh(data @ w1 * 0.5 + b1) ** 2.0 + 1e-3
+        return ((h @ w2).squeeze(-1) - 0.25).mean() / 3.0 + 0.1 * (w1 * w1).sum()
+    value, grads = fd.value_with_gradient(loss, w1, b1, w2)
+    assert value.dtype == np.float32
+    for g, x in zip(grads, (w1, b1, w2)): assert_on_device(g, x)
+
+def test_float32_gradients_against_float64_constants(any_backend):
+    x32, c64 = to_device(np.ones(3, np.float32)), dev(np.arange(3.0))
+    g = fd.gradient(lambda x: (x * c64).sum(), x32)         # the value is float64; the gradient follows x
+    assert_on_device(g, x32); close(g, [0.0, 1.0, 2.0])
+
+def test_scalar_types_follow_the_argument():
     assert type(fd.gradient(lambda x: x * 2.0, np.float32(1))) is np.float32
+    assert type(fd.gradient(lambda x: np.sin(x) * 2.0, np.float64(1))) is np.float64
     assert type(fd.gradient(lambda x: x * 2.0, 1.0)) is float
-    assert fd.gradient(lambda x: (x * x).sum(), to_device(np.ones(3, np.float64))).dtype == np.float64
+    assert type(fd.gradient(lambda x: np.exp(x) * np.float32(2), 1.0)) is float
+
+def test_zero_dimensional_arrays_get_arrays():
+    g = fd.gradient(np.sin, np.asarray(1.0))
+    assert type(g) is np.ndarray and g.shape == () and g.flags.writeable
 
 def test_gradients_own_their_memory():
     gx, gy = fd.gradient(lambda x, y: (x + y).sum(), np.ones(3), np.ones(3))
@@ -89,9 +190,17 @@ def test_gradients_own_their_memory():
     g = fd.gradient(lambda x: x.mean(), np.ones((2, 3)))          # mean's cotangent is a broadcast view inside
     assert g.flags.writeable and g.flags.owndata
     g += 1                                                          # safe to update in place
+    ga, gb = fd.gradient(lambda a, b: (a.reshape(6) * 1.0 + b).sum(), np.ones((2, 3)), np.ones(6))
+    assert ga.flags.owndata and gb.flags.owndata and not np.shares_memory(ga, gb)
+
+def test_pullback_results_do_not_alias_the_cotangent():
+    v = np.ones(3)
+    gx, gy = fd.pullback(lambda x, y: x + y, np.zeros(3), np.zeros(3))(v)
+    assert not np.shares_memory(gx, v) and not np.shares_memory(gy, v)
+    assert not np.shares_memory(fd.pullback(lambda x: x, np.zeros(3))(v), v)
 
 def test_device_arrays_stay_on_device(strict_backend):
-    w = to_device(np.ones((3, 2))); data = to_device(np.arange(12.).reshape(4, 3))
+    w = dev(np.ones((3, 2))); data = dev(np.arange(12.).reshape(4, 3))
     g = fd.gradient(lambda w: fd.logsumexp(data @ w, axis=1).mean(), w)
     assert type(g) is StrictArray and g.dtype == np.float64
 
@@ -104,13 +213,16 @@ def test_higher_derivatives():
     close(fd.gradient(fd.gradient(np.sin))(0.7), -np.sin(0.7))
     close(fd.gradient(fd.gradient(fd.gradient(lambda x: x ** 4)))(2.0), 48.0)
 
-def test_hessian_vector_product():
+def test_hessian_vector_product(any_backend):
     r = np.random.default_rng(0)
     A = r.standard_normal((4, 4)); A = A + A.T
     x, v = r.standard_normal(4), r.standard_normal(4)
-    f = lambda x: 0.5 * x @ (A @ x)
-    hvp = fd.gradient(lambda x: (fd.gradient(f, x) * v).sum(), x)
-    close(hvp, A @ v)
+    Ad, vd = dev(A), dev(v)
+    def f(x): return 0.5 * x @ (Ad @ x)
+    hvp = fd.gradient(lambda x: (fd.gradient(f, x) * vd).sum(), dev(x))              # gradient of <grad f, v>
+    assert type(hvp) is type(Ad); close(hvp, A @ v)
+    hvp2 = fd.pullback(lambda x: fd.gradient(f, x), dev(x))(vd)                        # the nested pullback
+    close(hvp2, A @ v)
 
 def test_value_with_pullback_inside_a_transform():
     def f(x):
@@ -119,43 +231,52 @@ def test_value_with_pullback_inside_a_transform():
     close(fd.gradient(f, 0.3), np.cos(0.6))
 
 # --- leaks, threads, faults ----------------------------------------------------------------------------
-def test_nothing_stays_alive_after_a_gradient():
+def live(*types_):
     gc.collect()
-    before = sum(isinstance(o, (Trace, Traced)) for o in gc.get_objects())
-    fd.gradient(lambda x: (np.tanh(x) @ np.ones(3)), np.ones(3))
-    gc.collect()
-    assert sum(isinstance(o, (Trace, Traced)) for o in gc.get_objects()) == before
+    return sum(isinstance(o, types_) for o in gc.get_objects())
 
-def live_traces():
-    gc.collect()
-    return sum(isinstance(o, Trace) for o in gc.get_objects())
+def test_nothing_stays_alive_after_a_gradient():
+    before = live(Trace, Traced)
+    fd.gradient(lambda x: (np.tanh(x) @ np.ones(3)), np.ones(3))
+    fd.value_with_gradient(lambda x: fd.gradient(lambda y: (x * y).sum(), np.ones(3)).sum(), np.ones(3))
+    assert live(Trace, Traced) == before
 
 def test_pullback_keeps_its_tape_only_while_referenced():
-    before = live_traces()
+    before = live(Trace)
     value, pb = fd.value_with_pullback(lambda x: np.sin(x) * 2, np.ones(1000))
-    assert live_traces() == before + 1
+    assert live(Trace) == before + 1
     pb(np.ones(1000)); pb(np.ones(1000))              # calling it keeps nothing new alive
-    assert live_traces() == before + 1
+    assert live(Trace) == before + 1
     del pb
-    assert live_traces() == before
+    assert live(Trace) == before
 
 def test_threads_compute_independently():
     results, errors = {}, []
     def work(k):
         try:
-            for i in range(50): results[k, i] = fd.gradient(lambda x: (x ** k).sum(), np.full(3, 2.0))[0]
+            for i in range(50):
+                f = (lambda x: (x ** k).sum()) if k % 2 else (lambda x: fd.gradient(lambda y: (y ** (k + 1)).sum() / (k + 1), x).sum())
+                results[k, i] = fd.gradient(f, np.full(3, 2.0))[0]
         except Exception as e: errors.append(e)
     threads = [threading.Thread(target=work, args=(k,)) for k in range(1, 5)]
     for t in threads: t.start()
     for t in threads: t.join(60)
-    assert not errors and all(results[k, i] == k * 2.0 ** (k - 1) for k in range(1, 5) for i in range(50))
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    assert all(results[k, i] == k * 2.0 ** (k - 1) for k in range(1, 5) for i in range(50))
 
 def test_exception_inside_f_leaves_the_engine_usable():
+    kept = []
     def bad(x):
-        y = np.sin(x)
+        kept.append(np.sin(x))
         raise RuntimeError('in the middle')
-    with pytest.raises(RuntimeError): fd.gradient(bad, 1.0)
+    before = live(Trace)
+    with pytest.raises(RuntimeError, match='in the middle'): fd.gradient(bad, 1.0)
+    with pytest.raises(DifferentiationError, match="after its transform finished"): kept[0] * 2   # its trace is closed
+    kept.clear()
+    assert live(Trace) == before                                      # and gone
     assert fd.gradient(np.sin, 0.0) == 1.0
+    with pytest.raises(RuntimeError): fd.gradient(lambda x: fd.gradient(bad, x), 1.0)   # nested, too
+    assert fd.gradient(lambda x: fd.gradient(np.sin, x), 0.0) == 0.0
 
 def test_exception_in_a_hook_propagates_and_the_pullback_survives():
     calls = []

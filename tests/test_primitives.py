@@ -6,8 +6,10 @@ estimate to ~1e-9. Each case also runs under the strict backend (no silent host 
 """
 import numpy as np, pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
+from hypothesis.extra.numpy import mutually_broadcastable_shapes, valid_tuple_axes
 import fastad as fd
 from fastad.backend import to_device, to_host, array_module
+from fastad.strict import StrictArray
 
 def check_pullback(f, *xs, eps=1e-6, tol=1e-6, seed=0):
     "Assert fd.pullback(f, *xs) agrees with central differences, and gradients keep shapes and array types."
@@ -20,6 +22,7 @@ def check_pullback(f, *xs, eps=1e-6, tol=1e-6, seed=0):
     for i, (x, g) in enumerate(zip(xs, grads)):
         assert g.shape == x.shape and g.dtype == np.float64, (i, g.shape, x.shape)
         assert array_module(g) is array_module(x), f"gradient {i} changed device"
+        if type(x) is StrictArray: assert type(g) is StrictArray, (i, type(g))
         d = to_device(rng.standard_normal(x.shape))
         def directional(t): return float(to_host(np.sum(v * f(*xs[:i], x + t * d, *xs[i+1:]))))
         numeric = (directional(eps) - directional(-eps)) / (2 * eps)
@@ -28,7 +31,7 @@ def check_pullback(f, *xs, eps=1e-6, tol=1e-6, seed=0):
 
 shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
 seeds = st.integers(0, 2**31)
-fast = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+fast = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 def rand(seed, shape, low=None):
     r = np.random.default_rng(seed)
@@ -63,6 +66,22 @@ def test_binary_with_broadcasting(any_backend, name, sa, sb):
     a, b = r.uniform(0.5, 2.0, sa), r.uniform(0.5, 2.0, sb) + (0.01 if name in ('maximum', 'minimum') else 0)
     check_pullback(BINARY[name], a, b)             # positive and distinct: no ties, no log of negatives
     check_pullback(BINARY[name], b, a)
+
+@pytest.mark.parametrize('name', ['+', '-', '*', '/', '**', 'maximum', 'minimum'])
+@given(shapes=mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=3), seed=seeds)
+@fast
+def test_binary_on_random_broadcast_shapes(any_backend, name, shapes, seed):
+    sa, sb = shapes.input_shapes
+    a, b = rand(seed, sa, low=0.5), rand(seed + 1, sb, low=0.5)
+    check_pullback(BINARY[name], a, b)
+
+@pytest.mark.parametrize('reduce', [np.sum, np.mean, np.max, np.min])
+@given(data=st.data(), seed=seeds, keepdims=st.booleans())
+@fast
+def test_reductions_on_random_shapes_and_axes(any_backend, reduce, data, seed, keepdims):
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple))
+    axis = data.draw(st.none() | st.integers(-len(shape), len(shape) - 1) | valid_tuple_axes(len(shape)))
+    check_pullback(lambda x: reduce(x, axis=axis, keepdims=keepdims), rand(seed, shape))
 
 MATMUL = [((3, 4), (4, 2)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)), ((5, 3, 4), (4, 2)), ((3, 4), (5, 4, 2)),
           ((5, 3, 4), (5, 4, 2)), ((4,), (5, 4, 2)), ((5, 3, 4), (4,)), ((2, 1, 3, 4), (5, 4, 2))]
@@ -128,3 +147,14 @@ def test_logsumexp_is_stable():
 @settings(max_examples=10, deadline=None)
 def test_second_derivatives(f, d2, x):
     assert abs(fd.gradient(fd.gradient(f))(x) - d2(x)) < 1e-9 * max(1, abs(d2(x)))
+
+SECOND = {'sin': (np.sin, lambda x: -np.sin(x)), 'tanh': (np.tanh, lambda x: -2 * np.tanh(x) / np.cosh(x) ** 2),
+          'exp': (np.exp, np.exp), 'x**3': (lambda x: x ** 3, lambda x: 6 * x), 'log': (np.log, lambda x: -1 / x ** 2)}
+
+@pytest.mark.parametrize('name', SECOND)
+def test_second_derivatives_of_arrays(any_backend, name):
+    f, d2 = SECOND[name]                       # for elementwise f, the gradient of sum(f'(x)) is f''(x)
+    x = np.random.default_rng(7).uniform(0.3, 2.5, (3, 4))
+    g2 = fd.gradient(lambda x: fd.gradient(lambda y: f(y).sum(), x).sum(), to_device(x))
+    assert type(g2) is type(to_device(x)) and g2.dtype == np.float64
+    np.testing.assert_allclose(to_host(g2), d2(x), rtol=1e-9)
