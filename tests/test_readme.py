@@ -1,21 +1,48 @@
 """README.md is generated from nbs/index.ipynb; it must not drift, and CI runs the command it shows."""
 import re, subprocess, sys
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'tools'))
 from make_readme import readme_text
 
-def test_readme_matches_index_notebook():
-    assert (ROOT / 'README.md').read_text() == readme_text(), "README.md is out of date: run python tools/make_readme.py"
+def readme(): return (ROOT / 'README.md').read_text()
+def shell_blocks(): return re.findall(r"```sh\n(.*?)\n```", readme(), re.S)
+def notebooks(): return sorted(p.stem for p in (ROOT / 'nbs').glob('[0-9]*.ipynb'))
 
-def shell_blocks(): return re.findall(r"```sh\n(.*?)\n```", (ROOT / 'README.md').read_text(), re.S)
+def test_readme_matches_index_notebook():
+    assert readme() == readme_text(), "README.md is out of date: run python tools/make_readme.py"
+
+def test_readme_drops_hidden_cells_and_directives():
+    assert '#|' not in readme() and 'from fastcore.test' not in readme()
 
 def test_readme_opens_with_the_two_commands():
     first, second = shell_blocks()[:2]
-    assert 'jupyter lab' in first and "pip install -e '.[dev]'" in first
-    assert 'nbdev_test' in second and second.rstrip().endswith('pytest')   # pytest last: its summary closes the run
+    assert readme().index('```sh') < readme().index('## '), "the two commands come before any section"
+    assert first.startswith('python3 -m venv .venv && ') and "pip install -e '.[dev]'" in first and 'jupyter lab' in first
+    assert second.startswith('python3 -m venv .venv && ') and 'nbdev_test' in second
+    assert second.rstrip().endswith('&& .venv/bin/pytest'), "pytest runs last: its summary closes the run"
 
 def test_ci_runs_the_readmes_test_command():
     out = subprocess.run(['bash', str(ROOT / '.ci' / 'run'), '--print-command'], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == shell_blocks()[1]
+
+def test_every_lesson_is_in_the_course_table_and_the_sidebar():
+    table = readme().split('## The course', 1)[1].split('\n## ', 1)[0]
+    sidebar = (ROOT / 'nbs' / 'sidebar.yml').read_text()
+    assert notebooks(), "no numbered notebooks found in nbs/"
+    missing = [n for n in notebooks() if f'`{n}`' not in table]
+    assert not missing, f"add these notebooks to the course table in nbs/index.ipynb: {missing}"
+    missing = [n for n in notebooks() if f'{n}.ipynb' not in sidebar]
+    assert not missing, f"add these notebooks to nbs/sidebar.yml: {missing}"
+
+@pytest.mark.filterwarnings('ignore:`cell_number`:DeprecationWarning')   # a settings.ini key nbdev 2.4 no longer reads
+def test_docs_config_matches_settings():
+    "nbdev_docs rewrites nbs/nbdev.yml from settings.ini; the committed one must already be that."
+    from nbdev.config import get_config
+    from nbdev.quarto import _nbdev_yml
+    cfg = get_config(path=ROOT)
+    vals = {k: cfg[k] for k in ['title', 'description', 'branch', 'git_url', 'doc_host', 'doc_baseurl']}
+    assert (ROOT / 'nbs' / 'nbdev.yml').read_text() == _nbdev_yml.format(doc_path=cfg.doc_path.name, **vals)
+    assert (ROOT / 'nbs' / '_quarto.yml').is_symlink() and (ROOT / 'nbs' / '_quarto.yml').resolve() == ROOT / '_quarto.yml'
