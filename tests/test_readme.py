@@ -37,7 +37,6 @@ def test_every_lesson_is_in_the_course_table_and_the_sidebar():
     missing = [n for n in notebooks() if f'{n}.ipynb' not in sidebar]
     assert not missing, f"add these notebooks to nbs/sidebar.yml: {missing}"
 
-@pytest.mark.filterwarnings('ignore:`cell_number`:DeprecationWarning')   # a settings.ini key nbdev 2.4 no longer reads
 def test_docs_config_matches_settings():
     "nbdev_docs rewrites nbs/nbdev.yml from settings.ini; the committed one must already be that."
     from nbdev.config import get_config
