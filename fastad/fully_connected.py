@@ -6,50 +6,71 @@
 __all__ = ['normalize', 'load_normalized_mnist', 'lin', 'relu', 'model', 'mse', 'GradHolder', 'mse_grad', 'relu_grad', 'lin_grad',
            'forward_and_backward']
 
-# %% ../nbs/02_fully_connected.ipynb #b235f01c
+# %% ../nbs/02_fully_connected.ipynb #b21e580f
 import numpy as np
-from .backend import to_host, asarray
+from .backend import is_array
 from .data import load_mnist
+from .errors import DifferentiationError, ShapeError
 
-# %% ../nbs/02_fully_connected.ipynb #8745ccfe
+# %% ../nbs/02_fully_connected.ipynb #074b8234
 def normalize(x, mean, std):
     "Shift and scale `x` by the given statistics."
     return (x - mean) / std
 
-def load_normalized_mnist():
+# %% ../nbs/02_fully_connected.ipynb #7b8f4b12
+def load_normalized_mnist(path=None, download=True, verbose=True):
     "MNIST with images normalized by the training set's mean and std, and labels as float32 targets."
-    x_train, y_train, x_valid, y_valid = load_mnist(flat=True)
+    x_train, y_train, x_valid, y_valid = load_mnist(flat=True, path=path, download=download, verbose=verbose)
     mean, std = x_train.mean(), x_train.std()
     return (normalize(x_train, mean, std), y_train.astype(np.float32),
             normalize(x_valid, mean, std), y_valid.astype(np.float32))
 
-# %% ../nbs/02_fully_connected.ipynb #2475167c
+# %% ../nbs/02_fully_connected.ipynb #96609534
+def _check_lin(op, x, w, b):
+    "Refuse a linear layer's arguments unless x is (..., k), w is (k, h) and b is (h,)."
+    if getattr(w, 'ndim', None) != 2: raise ShapeError(f"{op}: w must be a 2-d (in, out) array, got shape {np.shape(w)}")
+    if x.shape[-1] != w.shape[0]:
+        raise ShapeError(f"{op}: x has {x.shape[-1]} features but w expects {w.shape[0]} (x {tuple(x.shape)}, w {tuple(w.shape)})")
+    if tuple(b.shape) != w.shape[1:]:
+        raise ShapeError(f"{op}: b must have shape {w.shape[1:]} to match w {tuple(w.shape)}, got {tuple(b.shape)}")
+
 def lin(x, w, b):
     "A linear layer: x @ w + b."
+    _check_lin('lin', x, w, b)
     return x @ w + b
 
 def relu(x):
     "max(x, 0), elementwise."
     return np.maximum(x, 0)
 
-# %% ../nbs/02_fully_connected.ipynb #df450ed3
+# %% ../nbs/02_fully_connected.ipynb #bd5bc7b8
+def _check_mse(op, out, targ):
+    "Refuse shapes that would broadcast into a wrong loss: out must be (n, 1) and targ (n,)."
+    if out.ndim != 2 or out.shape[1] != 1: raise ShapeError(f"{op}: out must have shape (n, 1), got {tuple(out.shape)}")
+    if tuple(targ.shape) != out.shape[:1]:
+        raise ShapeError(f"{op}: targ must have shape ({out.shape[0]},) to match out {tuple(out.shape)}, got {tuple(targ.shape)}")
+
 def model(xb, w1, b1, w2, b2):
     "Linear, ReLU, linear: one output per row."
     return lin(relu(lin(xb, w1, b1)), w2, b2)
 
 def mse(out, targ):
     "Mean squared error between the (n, 1) output and the (n,) targets."
+    _check_mse('mse', out, targ)
     return ((out.squeeze(-1) - targ) ** 2).mean()
 
-# %% ../nbs/02_fully_connected.ipynb #82a066a4
+# %% ../nbs/02_fully_connected.ipynb #464ef0f2
 class GradHolder:
     "A value and the gradient of the loss with respect to it (filled in by the backward functions)."
-    def __init__(self, value): self.value, self.grad = value, np.zeros_like(value)
-    def __repr__(self): return f"GradHolder(shape={self.value.shape}, grad set: {bool(np.any(self.grad != 0))})"
+    def __init__(self, value):
+        if not is_array(value): raise DifferentiationError(f"GradHolder: value must be an array, got {type(value).__name__}")
+        self.value, self.grad = value, np.zeros_like(value)
+    def __repr__(self): return f"GradHolder(value: {tuple(self.value.shape)} {self.value.dtype}, grad: {tuple(self.grad.shape)})"
 
-# %% ../nbs/02_fully_connected.ipynb #e58d2f9d
+# %% ../nbs/02_fully_connected.ipynb #9e3a461e
 def mse_grad(inp, targ):
-    "Gradient of the MSE with respect to the (n, 1) output `inp`."
+    "Gradient of the MSE with respect to the (n, 1) output held by `inp`."
+    _check_mse('mse_grad', inp.value, targ)
     inp.grad = 2 * (inp.value.squeeze(-1) - targ)[:, None] / inp.value.shape[0]
 
 def relu_grad(inp, out):
@@ -64,10 +85,16 @@ def lin_grad(inp, out, w, b):
 
 def forward_and_backward(inp, targ, w1, b1, w2, b2):
     "One forward and backward pass; fills `.grad` of every holder (the input's too). Returns the loss."
+    for name, h in dict(inp=inp, w1=w1, b1=b1, w2=w2, b2=b2).items():
+        if not isinstance(h, GradHolder):
+            raise DifferentiationError(f"forward_and_backward: {name} must be a GradHolder, got {type(h).__name__}; "
+                                       f"wrap it as GradHolder({name})")
+    # forward: keep every intermediate, the backward pass needs them
     l1 = GradHolder(lin(inp.value, w1.value, b1.value))
     l2 = GradHolder(relu(l1.value))
     out = GradHolder(lin(l2.value, w2.value, b2.value))
-    loss = mse(out.value, targ)               # the backward pass doesn't need the loss itself
+    loss = mse(out.value, targ)               # returned for the caller: the backward pass never reads it
+    # backward: the same steps in reverse order
     mse_grad(out, targ)
     lin_grad(l2, out, w2, b2)
     relu_grad(l1, l2)
