@@ -57,7 +57,7 @@ def _sha256(path):
 
 def download(url, dest, sha256, size=None, timeout=10, verbose=True):
     "Download `url` to `dest` atomically, verifying its size and SHA-256; returns `dest`."
-    from tqdm.auto import tqdm
+    from tqdm import tqdm                             # the text bar: shown in terminals and JupyterLab alike
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f'.{dest.name}.', suffix='.part')

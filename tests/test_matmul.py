@@ -6,8 +6,8 @@ from hypothesis.extra.numpy import arrays
 
 from fastad import strict
 from fastad.backend import use_backend, to_device, to_host, random_normal, default_rng, xp
-from fastad.errors import FastADError, HostTransferError
-from fastad.matmul import ShapeError, check_matmul, matmul_loops, matmul_rows, matmul_broadcast, matmul_einsum
+from fastad.errors import FastADError, HostTransferError, ShapeError
+from fastad.matmul import check_matmul, matmul_loops, matmul_rows, matmul_broadcast, matmul_einsum
 
 MATMULS = [matmul_loops, matmul_rows, matmul_broadcast, matmul_einsum]
 ids = [f.__name__ for f in MATMULS]
