@@ -12,7 +12,7 @@ import numpy as np
 from collections import Counter
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES, NONDIFFERENTIABLE, unbroadcast
 from . import primitives as P
-from .errors import DifferentiationError, NoDerivativeError
+from .errors import DifferentiationError, NoDerivativeError, NoDerivativeMethodError
 
 # %% ../nbs/03b_engine.ipynb #4db5e0b8
 class Trace:
@@ -114,7 +114,11 @@ def unbox_all(obj):
     return obj
 
 # %% ../nbs/03b_engine.ipynb #c519f886
-def _no_derivative(name):
+def _no_derivative(name, attribute=False):
+    if attribute:          # an AttributeError too, so hasattr() and getattr(x, name, default) keep working
+        return NoDerivativeMethodError(
+            f"{name} has no derivative in fastad, and it was called on a traced value. Use a NumPy function that "
+            f"fastad differentiates, or call it on fastad.without_derivative(x) if no gradient should flow")
     return NoDerivativeError(
         f"{name} has no derivative in fastad, and it was called on a traced value. Give it one with "
         f"@fastad.derivative(of={name}), or call it on fastad.without_derivative(x) if no gradient should flow")
@@ -161,12 +165,14 @@ _ADAPTERS = {
     np.expand_dims: lambda a, axis: apply(P.expand_dims_vwc.primitive, (a,), dict(axis=axis)),
     np.ravel: lambda a, order='C': apply(P.ravel_vwc.primitive, (a,)),
     np.broadcast_to: lambda a, shape, subok=False: apply(P.broadcast_to_vwc.primitive, (a,), dict(shape=_shape_arg(shape))),
-    np.clip: lambda a, a_min=None, a_max=None, out=None, **kw: apply(
+    np.clip: lambda a, a_min=None, a_max=None, out=None, **kw: _reject_out('numpy.clip', dict(out=out)) or apply(
         P.clip_vwc.primitive, (a,), dict(a_min=_constant('numpy.clip', kw.get('min', a_min)),
                                           a_max=_constant('numpy.clip', kw.get('max', a_max)))),
     np.where: lambda cond, x=None, y=None: (np.where(unbox(cond)) if x is None and y is None
                                             else apply(P.where_vwc.primitive, (unbox(cond), x, y))),
-    np.dot: lambda a, b, out=None: apply(P.dot_vwc.primitive, (a, b)),
+    np.dot: lambda a, b, out=None: _reject_out('numpy.dot', dict(out=out)) or apply(P.dot_vwc.primitive, (a, b)),
+    np.var: lambda a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kw: Traced.var(a, axis, dtype, out, ddof, keepdims, **kw),
+    np.std: lambda a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kw: Traced.std(a, axis, dtype, out, ddof, keepdims, **kw),
 }
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 _INITIAL = {'max': np.maximum, 'min': np.minimum}
@@ -253,12 +259,14 @@ class Traced:
     def mean(self, axis=None, **kwargs): return np.mean(self, axis=axis, **kwargs)
     def max(self, axis=None, **kwargs): return np.max(self, axis=axis, **kwargs)
     def min(self, axis=None, **kwargs): return np.min(self, axis=axis, **kwargs)
-    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        d = self - self.mean(axis=axis, keepdims=True)
-        n = np.size(unbox(self)) // max(np.size(np.mean(unbox(self), axis=axis)), 1)
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        _reject_out('var', dict(out=out, where=kwargs.get('where')))
+        x = self if dtype is None else self.astype(dtype)
+        d = x - x.mean(axis=axis, keepdims=True)
+        n = np.size(unbox(x)) // max(np.size(np.mean(unbox(x), axis=axis)), 1)
         return (d * d).sum(axis=axis, keepdims=keepdims) / (n - ddof)
-    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return np.sqrt(self.var(axis=axis, ddof=ddof, keepdims=keepdims))
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        return np.sqrt(self.var(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs))
     def reshape(self, *shape, order='C'): return np.reshape(self, shape[0] if len(shape) == 1 else shape)
     def transpose(self, *axes): return np.transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
     def swapaxes(self, axis1, axis2): return np.swapaxes(self, axis1, axis2)
@@ -269,6 +277,12 @@ class Traced:
     def dot(self, other): return np.dot(self, other)
     def astype(self, dtype, copy=True): return apply(_ASTYPE, (self,), dict(dtype=dtype))
     def copy(self): return self                       # traced values are never changed in place
+
+    def __getattr__(self, name):
+        "Only reached for names Traced lacks: an array method with no derivative gets an error that says so."
+        if not name.startswith('_') and hasattr(unbox(self), name):
+            raise _no_derivative(f"{type(unbox(self)).__name__}.{name}", attribute=True)
+        raise AttributeError(f"'Traced' object has no attribute {name!r}")
 
 def _astype_vwc(x, *, dtype):
     old = np.result_type(x)

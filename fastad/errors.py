@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['FastADError', 'BackendError', 'HostTransferError', 'ShapeError', 'DataError', 'DifferentiationError',
-           'NoDerivativeError', 'NonScalarOutputError']
+           'NoDerivativeError', 'NoDerivativeMethodError', 'NonScalarOutputError']
 
 # %% ../nbs/00_errors.ipynb #cbbab7e9
 class FastADError(Exception):
@@ -27,6 +27,9 @@ class DifferentiationError(FastADError, TypeError):
 
 class NoDerivativeError(DifferentiationError):
     "An operation with no registered derivative met a traced value."
+
+class NoDerivativeMethodError(NoDerivativeError, AttributeError):
+    "An array method with no derivative (`.item()`, `.cumsum()`, ...) was called on a traced value."
 
 class NonScalarOutputError(DifferentiationError, ValueError):
     "`gradient` of a function whose result is not a scalar."

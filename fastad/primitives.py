@@ -7,13 +7,14 @@ __all__ = ['UFUNC_PRIMITIVES', 'FUNCTION_PRIMITIVES', 'scatter_add', 'relu', 'lo
            'Primitive', 'defvwc', 'unbroadcast', 'add_vwc', 'subtract_vwc', 'multiply_vwc', 'divide_vwc', 'power_vwc',
            'negative_vwc', 'positive_vwc', 'maximum_vwc', 'minimum_vwc', 'exp_vwc', 'log_vwc', 'sin_vwc', 'cos_vwc',
            'tan_vwc', 'tanh_vwc', 'sqrt_vwc', 'square_vwc', 'abs_vwc', 'expm1_vwc', 'log1p_vwc', 'matmul_vwc',
-           'dot_vwc', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc', 'reshape_vwc', 'transpose_vwc', 'swapaxes_vwc',
-           'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc', 'getitem_vwc',
-           'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
+           'dot_vwc', 'einsum_vwc', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc', 'reshape_vwc', 'transpose_vwc',
+           'swapaxes_vwc', 'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc',
+           'getitem_vwc', 'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc',
+           'log_softmax_vwc']
 
 # %% ../nbs/03a_primitives.ipynb #9aad28b4
 import numpy as np
-from .errors import NoDerivativeError
+from .errors import DifferentiationError, NoDerivativeError
 
 # %% ../nbs/03a_primitives.ipynb #aca7407e
 class Primitive:
@@ -153,6 +154,43 @@ def dot_vwc(x, y):
     ans, (dx, dy) = multiply_vwc(x, y)                    # a scalar operand: dot is a (broadcasting) product
     sx, sy = np.shape(x), np.shape(y)
     return ans, (lambda g: unbroadcast(dx(g), sx), lambda g: unbroadcast(dy(g), sy))
+
+# %% ../nbs/03a_primitives.ipynb #a6e272fd
+def _einsum_subscripts(subscripts, shapes):
+    "Explicit `(inputs, output)` subscripts for `einsum`: ellipses spelled out with spare letters, the output named."
+    ins, arrow, out = subscripts.replace(' ', '').partition('->')
+    ins = ins.split(',')
+    spare = (c for c in 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ' if c not in subscripts)
+    n_ell = [len(shape) - len(s.replace('...', '')) if '...' in s else 0 for s, shape in zip(ins, shapes)]
+    ell = ''.join(next(spare) for _ in range(max(n_ell, default=0)))
+    ins = [s.replace('...', ell[len(ell) - k:] if k else '') for s, k in zip(ins, n_ell)]
+    if arrow: return ins, out.replace('...', ell)
+    letters = ''.join(ins)                             # implicit output: the letters used once, sorted
+    return ins, ell + ''.join(sorted(c for c in set(letters) - set(ell) if letters.count(c) == 1))
+
+@defvwc(np.einsum)
+def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
+    if unsupported: raise DifferentiationError(f"numpy.einsum: {', '.join(unsupported)}= cannot be differentiated")
+    if not isinstance(subscripts, str):
+        raise NoDerivativeError("numpy.einsum: only the string form of the subscripts ('ij,jk->ik') can be differentiated")
+    ins, out = _einsum_subscripts(subscripts, [np.shape(x) for x in operands])
+    for i, s in enumerate(ins):
+        if len(set(s)) != len(s):
+            raise NoDerivativeError(f"numpy.einsum: operand {i} repeats an index in {s!r} (a diagonal), which has no "
+                                    f"derivative in fastad; multiply by an identity matrix and sum instead")
+    def chain(i):
+        others = [j for j in range(len(operands)) if j != i]
+        reachable = set(out).union(*(ins[j] for j in others))
+        kept = ''.join(c for c in ins[i] if c in reachable)   # letters summed away by operand i alone come back by broadcasting
+        spec = ','.join([out] + [ins[j] for j in others]) + '->' + kept
+        shape = np.shape(operands[i])
+        def chain_i(g):
+            r = np.einsum(spec, g, *(operands[j] for j in others), optimize=optimize)
+            if len(kept) < len(ins[i]):
+                r = np.broadcast_to(np.expand_dims(r, tuple(k for k, c in enumerate(ins[i]) if c not in kept)), shape)
+            return unbroadcast(r, shape)              # an axis of size 1 that met a longer one
+        return chain_i
+    return np.einsum(subscripts, *operands, optimize=optimize), (None, *(chain(i) for i in range(len(operands))))
 
 # %% ../nbs/03a_primitives.ipynb #05a5b12c
 def _expand(g, shape, axis, keepdims):

@@ -83,9 +83,36 @@ def test_no_derivative_names_submodule_functions_in_full():
     (lambda x: np.asarray(x).sum(), "cannot become a plain NumPy array"),
     (lambda x: float(x[0]), "float\\(\\) of a traced value would drop its derivative"),
     (lambda x: x.__setitem__(0, 1.0), "cannot assign into a traced value"),
-    (lambda x: np.clip(np.ones(3), x, 2).sum(), "numpy.clip: this argument cannot be differentiated")])
+    (lambda x: np.clip(np.ones(3), x, 2).sum(), "numpy.clip: this argument cannot be differentiated"),
+    (lambda x: np.clip(x, 0, 2, out=np.empty(3)).sum(), "numpy.clip: the `out=`"),
+    (lambda x: np.dot(x, x, out=np.empty(())), "numpy.dot: the `out=`"),
+    (lambda x: np.var(x, out=np.empty(())), "var: the `out=`"), (lambda x: x.std(out=np.empty(())), "var: the `out=`"),
+    (lambda x: np.einsum('i,i->', x, x, out=np.empty(())), "numpy.einsum: out= cannot be differentiated"),
+    (lambda x: np.einsum('ii->', x[:, None] * x), "numpy.einsum: operand 0 repeats an index in 'ii'")])
 def test_refusals(f, message):
     with pytest.raises(DifferentiationError, match=message): fd.gradient(f, np.ones(3))
+
+@pytest.mark.parametrize('method', ['item', 'tolist', 'cumsum', 'prod', 'argsort'])
+def test_array_methods_with_no_derivative_name_the_method(any_backend, method):
+    def f(x):
+        assert not hasattr(x, method)           # an AttributeError too, so duck typing still works
+        getattr(x, method)()
+    with pytest.raises(NoDerivativeError, match=rf"(ndarray|StrictArray)\.{method} has no derivative in fastad.*without_derivative"):
+        fd.gradient(f, dev(np.ones(3)))
+
+def test_unknown_attributes_stay_attribute_errors():
+    def f(x):
+        with pytest.raises(AttributeError, match="'Traced' object has no attribute 'no_such_thing'") as e: x.no_such_thing
+        assert not isinstance(e.value, FastADError)
+        return x * 2
+    assert fd.gradient(f, 1.0) == 2.0
+
+def test_numpy_var_and_std_match_the_methods(any_backend):
+    x = dev(np.random.default_rng(0).standard_normal((3, 4)))
+    for f, m in [(lambda x: np.var(x, axis=0).sum(), lambda x: x.var(axis=0).sum()),
+                 (lambda x: np.std(x, ddof=1), lambda x: x.std(ddof=1))]:
+        np.testing.assert_allclose(to_host(fd.gradient(f, x)), to_host(fd.gradient(m, x)))
+    np.testing.assert_allclose(to_host(fd.gradient(lambda x: np.var(x), x)), to_host(2 * (x - x.mean()) / x.size))
 
 def test_refusals_on_device(strict_backend):
     with pytest.raises(DifferentiationError, match="cannot become a plain NumPy array"):

@@ -158,3 +158,21 @@ def test_second_derivatives_of_arrays(any_backend, name):
     g2 = fd.gradient(lambda x: fd.gradient(lambda y: f(y).sum(), x).sum(), to_device(x))
     assert type(g2) is type(to_device(x)) and g2.dtype == np.float64
     np.testing.assert_allclose(to_host(g2), d2(x), rtol=1e-9)
+
+EINSUM = [('ik,kj->ij', (3, 4), (4, 2)), ('i,i->', (4,), (4,)), ('i,j->ij', (3,), (2,)), ('bij,bjk->bik', (2, 3, 4), (2, 4, 5)),
+          ('ij->ji', (3, 4)), ('ij->', (3, 4)), ('ij,j', (3, 4), (4,)), ('ba,c', (2, 3), (4,)), ('...ij,...jk->...ik', (2, 3, 4), (4, 5)),
+          ('...i,...i->...', (2, 3), (3,)), ('ij,jk,kl->il', (2, 3), (3, 4), (4, 2)), ('ij,kj->i', (3, 4), (2, 4)),
+          ('ij,ij->ij', (1, 4), (3, 4)), ('i, j -> j', (3,), (2,))]
+
+@pytest.mark.parametrize('spec', EINSUM, ids=[e[0] for e in EINSUM])
+def test_einsum(any_backend, spec):
+    subscripts, *shapes = spec
+    r = np.random.default_rng(8)
+    check_pullback(lambda *xs: np.einsum(subscripts, *xs), *(r.standard_normal(s) for s in shapes))
+
+def test_einsum_with_a_constant_operand_and_second_derivative(any_backend):
+    a, x = (np.random.default_rng(9).standard_normal(s) for s in [(3, 3), (3,)])
+    check_pullback(lambda x: np.einsum('ij,j->i', to_device(a), x), x)
+    a, x = to_device(a), to_device(x)
+    h = fd.gradient(lambda x: fd.gradient(lambda y: np.einsum('i,ij,j->', y, a, y), x).sum(), x)   # d/dx sum((a + a.T) x)
+    np.testing.assert_allclose(to_host(h), to_host((a + a.T).sum(0)), rtol=1e-12)
