@@ -97,6 +97,7 @@ def backward(trace, seeds):
         if log is not None: log.record('pullback', name)
         for j, chain in parents:
             c = chain(g)
+            if c is None: continue                    # a custom pullback may give no cotangent for an input
             old = cts[j]
             cts[j] = c if old is None else old + c    # a value used twice collects both cotangents
     return cts

@@ -40,13 +40,15 @@ def _cannot(where, x):
     return DifferentiationError(f"{where} is {_describe(x)}, which cannot be differentiated{hint}: pass a float, "
                                 f"a floating-point array, or a tuple, list, dict or Differentiable of them")
 
-def flatten(x, where='argument', arguments=False):
+def flatten(x, where='argument', arguments=False, static_ok=False, none_leaves=False):
     """`(leaves, rebuild)`: the differentiable leaves of `x`, and a function from new leaves to a new `x`.
-    With `arguments=True`, `x` is a tuple of function arguments (named that way in error messages)."""
+    With `arguments=True`, `x` is a tuple of function arguments (named that way in error messages); with
+    `static_ok=True`, anything that cannot be differentiated (an int, a string, a function) rides along;
+    with `none_leaves=True`, `None` is a leaf (in a cotangent: no cotangent for that field)."""
     from fastad.engine import Traced
     leaves = []
     def walk(x, where, in_model):
-        if type(x) is Traced or is_leaf(x):
+        if type(x) is Traced or is_leaf(x) or (x is None and none_leaves):
             leaves.append(x)
             return None                                 # marks where the next leaf goes
         if isinstance(x, tuple) and hasattr(x, '_fields'):
@@ -60,8 +62,8 @@ def flatten(x, where='argument', arguments=False):
                         for f in dataclasses.fields(x) if f.metadata.get('differentiable', True)})
         if in_model: return ('static', x)               # ints, flags, functions inside a model ride along
         raise _cannot(where, x)
-    spec = ((tuple, [walk(o, f"{where} {i}", False) for i, o in enumerate(x)]) if arguments
-            else walk(x, where, False))
+    spec = ((tuple, [walk(o, f"{where} {i}", static_ok) for i, o in enumerate(x)]) if arguments
+            else walk(x, where, static_ok))
     return leaves, lambda new: _rebuild(spec, iter(new))
 
 def _rebuild(spec, leaves):

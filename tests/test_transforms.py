@@ -173,3 +173,61 @@ def test_derivative_of_a_c_function():
         return y, lambda v: v * y
     close(fd.gradient(lambda x: c_exp(x) * 2, 1.5), 2 * np.exp(1.5))   # the module-level name now differentiates
     close(c_exp(1.0), np.e)                                             # and plain calls still reach C
+
+# --- custom derivatives whose arguments are structures (a layer and its input) --------------------------
+class Affine(fd.Differentiable):
+    w: np.ndarray
+    b: np.ndarray
+    activation: object = fd.nondifferentiable(default=None)
+
+def affine_vjp(layer, x):
+    "A linear layer's VJP written by hand, with its weight cotangent deliberately scaled by 10 to prove it is used."
+    y = x @ layer.w + layer.b
+    return y, lambda g: (Affine(10 * (x.T @ g), g.sum(0), layer.activation), g @ layer.w.T)
+
+affine = fd.differentiable_function(affine_vjp, name='affine')
+
+def test_custom_derivative_of_a_model_and_its_input_is_used(any_backend):
+    r = np.random.default_rng(0)
+    layer = Affine(to_device(r.standard_normal((3, 2))), to_device(r.standard_normal(2)), 'relu')
+    x = to_device(r.standard_normal((4, 3)))
+    with fd.trace_primitives() as log:
+        g_layer, g_x = fd.gradient(lambda l, x: (affine(l, x) ** 2).sum(), layer, x)
+    assert log.count('forward', 'affine') == 1 and log.count('forward', 'matmul') == 0   # one step, not its insides
+    y = x @ layer.w + layer.b
+    close(g_layer.w, 10 * (x.T @ (2 * y))); close(g_layer.b, (2 * y).sum(0)); close(g_x, (2 * y) @ layer.w.T)
+    assert type(g_layer) is Affine and g_layer.activation == 'relu' and type(g_x) is type(x)
+
+def test_custom_derivative_with_structures_outside_transforms_and_with_static_arguments():
+    layer, x = Affine(np.ones((3, 2)), np.zeros(2)), np.ones((4, 3))
+    close(affine(layer, x), np.full((4, 2), 3.0))
+    scale = fd.differentiable_function(lambda p, n, tag: (p['a'] * n, lambda g: ({'a': g * n}, None, None)), name='scale')
+    assert fd.gradient(lambda p: scale(p, 3, 'tag'), {'a': 2.0}) == {'a': 3.0}
+    assert fd.gradient(lambda t: affine(Affine(t[0], t[1]), x).sum(), (np.ones((3, 2)), np.zeros(2)))[1].tolist() == [4.0, 4.0]
+
+def test_custom_pullback_may_return_none_for_an_argument():
+    ignore_x = fd.differentiable_function(lambda l, x: (x @ l.w, lambda g: (Affine(x.T @ g, None), None)), name='ignore_x')
+    layer, x = Affine(np.ones((3, 2)), np.zeros(2)), np.ones((4, 3))
+    g_layer, g_x = fd.gradient(lambda l, x: ignore_x(l, x).sum() + x.sum(), layer, x)
+    close(g_layer.w, np.full((3, 2), 4.0)); close(g_layer.b, np.zeros(2)); close(g_x, np.ones((4, 3)))
+
+@pytest.mark.parametrize('pullback, message', [
+    (lambda x: lambda g: ((x.T @ g,), None), "the cotangent of argument 0 is a tuple, but the argument is a Affine"),
+    (lambda x: lambda g: (Affine(x.T @ g, g.sum(0)), (g, g)), "the cotangent of argument 1 holds 2 arrays, but the argument holds 1"),
+    (lambda x: lambda g: ({'w': x.T @ g},) * 2, "the cotangent of argument 0 is a dict")])
+def test_custom_pullback_with_a_cotangent_unlike_its_argument_is_refused(pullback, message):
+    bad = fd.differentiable_function(lambda l, x: (x @ l.w + l.b, pullback(x)), name='bad')
+    with pytest.raises(DifferentiationError, match=f"pullback of bad: {message}"):
+        fd.gradient(lambda l, x: bad(l, x).sum(), Affine(np.ones((3, 2)), np.zeros(2)), np.ones((4, 3)))
+
+def test_custom_derivative_of_a_model_nests():
+    layer, x = Affine(np.ones((3, 2)), np.zeros(2)), np.arange(12.).reshape(4, 3)
+    honest = fd.differentiable_function(lambda l, x: (x @ l.w + l.b, lambda g: (Affine(x.T @ g, g.sum(0)), g @ l.w.T)))
+    # d/dw of sum(d/dw sum((xw + b)^2)) = d/dw sum(2 x^T (xw + b)) = 2 x^T x summed over the output columns
+    h = fd.gradient(lambda l2: fd.gradient(lambda l: (honest(l, x) ** 2).sum(), l2).w.sum(), layer)
+    close(h.w, np.repeat((2 * x.T @ x).sum(1, keepdims=True), 2, axis=1))
+
+def test_with_derivative_of_a_structure_is_refused_inside_a_transform():
+    with pytest.raises(DifferentiationError, match="with_derivative: x is a tuple, but a hook sees one array's cotangent"):
+        fd.gradient(lambda t: fd.with_derivative(t, print)[0], (1.0, 2.0))
+    assert fd.with_derivative((1.0, 2.0), print) == (1.0, 2.0)       # outside a transform there is nothing to hook
