@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 import numpy as np
 from .backend import synchronize
+from .errors import ArgumentError
 
 # %% ../nbs/00c_timing.ipynb #7d8d31bb
 @dataclass
@@ -24,7 +25,7 @@ class Timing:
 
 def timed(f, repeat=10, warmup=1, label=None, quiet=False):
     "Time `f()` over `repeat` runs after `warmup` runs; print average, min and max (ms) unless `quiet`."
-    if repeat < 1: raise ValueError(f"timed: repeat must be at least 1, got {repeat}")
+    if not isinstance(repeat, int) or repeat < 1: raise ArgumentError(f"timed: repeat must be a whole number of at least 1, got {repeat!r}")
     for _ in range(warmup): f()
     synchronize()
     t = Timing()
