@@ -5,12 +5,12 @@
 # %% auto #0
 __all__ = ['UFUNC_PRIMITIVES', 'FUNCTION_PRIMITIVES', 'scatter_add', 'relu', 'logsumexp', 'log_softmax', 'NONDIFFERENTIABLE',
            'Primitive', 'defvwc', 'unbroadcast', 'add_vwc', 'subtract_vwc', 'multiply_vwc', 'divide_vwc', 'power_vwc',
-           'negative_vwc', 'positive_vwc', 'maximum_vwc', 'minimum_vwc', 'exp_vwc', 'log_vwc', 'sin_vwc', 'cos_vwc',
-           'tan_vwc', 'tanh_vwc', 'sqrt_vwc', 'square_vwc', 'abs_vwc', 'expm1_vwc', 'log1p_vwc', 'matmul_vwc',
-           'dot_vwc', 'einsum_vwc', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc', 'reshape_vwc', 'transpose_vwc',
-           'swapaxes_vwc', 'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc',
-           'getitem_vwc', 'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc',
-           'log_softmax_vwc']
+           'remainder_vwc', 'negative_vwc', 'positive_vwc', 'as_mask', 'maximum_vwc', 'minimum_vwc', 'exp_vwc',
+           'log_vwc', 'sin_vwc', 'cos_vwc', 'tan_vwc', 'tanh_vwc', 'sqrt_vwc', 'square_vwc', 'abs_vwc', 'expm1_vwc',
+           'log1p_vwc', 'matmul_vwc', 'dot_vwc', 'einsum_vwc', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc',
+           'reshape_vwc', 'transpose_vwc', 'swapaxes_vwc', 'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc',
+           'broadcast_to_vwc', 'scatter_add_vwc', 'getitem_vwc', 'concatenate_vwc', 'stack_vwc', 'where_vwc',
+           'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
 
 # %% ../nbs/03a_primitives.ipynb #9aad28b4
 import numpy as np
@@ -70,8 +70,18 @@ def divide_vwc(x, y):
 @defvwc(np.power, broadcasts=True)
 def power_vwc(x, y):
     ans = x ** y
+    def dx(g):
+        if np.ndim(y) == 0:
+            if y == 0: return g * 0                           # x**0 is constant: 0, not 0 * inf at x = 0
+            return g * y * (np.power(x, y - 1) if type(x) is float else x ** (y - 1))   # float 0.0 ** -0.5: inf, no error
+        return g * y * x ** np.where(y == 0, 1, y - 1)         # where y is 0, y * x**(y - 1) is 0, even at x = 0
     # d/dy x**y = log(x) x**y is only defined for x > 0; elsewhere (integer powers of negatives) it is 0
-    return ans, (lambda g: g * y * x ** (y - 1), lambda g: g * ans * np.log(np.where(x > 0, x, 1)))
+    return ans, (dx, lambda g: g * ans * np.log(np.where(x > 0, x, 1)))
+
+@defvwc(np.remainder, broadcasts=True)
+def remainder_vwc(x, y):
+    "x mod y = x - floor(x / y) * y: slope 1 in x and -floor(x / y) in y, between the jumps."
+    return np.remainder(x, y), (lambda g: g, lambda g: -g * np.floor_divide(x, y))
 
 @defvwc(np.negative, unary=True)
 def negative_vwc(x): return -x, lambda g: -g
@@ -79,14 +89,18 @@ def negative_vwc(x): return -x, lambda g: -g
 @defvwc(np.positive, unary=True)
 def positive_vwc(x): return x, lambda g: g
 
+def as_mask(m):
+    "`m` as booleans of its own array module, so `~m` is a logical not (on a Python bool, `~True` is -2)."
+    return m.astype(bool, copy=False) if hasattr(m, 'astype') else np.asarray(m, dtype=bool)   # a bool array: no copy
+
 @defvwc(np.maximum, broadcasts=True)
 def maximum_vwc(x, y):
-    mask = x >= y                                     # a tie sends the cotangent to x: a valid subgradient
+    mask = as_mask(x >= y)                            # a tie sends the cotangent to x: a valid subgradient
     return np.maximum(x, y), (lambda g: g * mask, lambda g: g * ~mask)
 
 @defvwc(np.minimum, broadcasts=True)
 def minimum_vwc(x, y):
-    mask = x <= y
+    mask = as_mask(x <= y)
     return np.minimum(x, y), (lambda g: g * mask, lambda g: g * ~mask)
 
 # %% ../nbs/03a_primitives.ipynb #d9c54603
@@ -188,7 +202,7 @@ def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
             r = np.einsum(spec, g, *(operands[j] for j in others), optimize=optimize)
             if len(kept) < len(ins[i]):
                 r = np.broadcast_to(np.expand_dims(r, tuple(k for k, c in enumerate(ins[i]) if c not in kept)), shape)
-            return unbroadcast(r, shape)              # an axis of size 1 that met a longer one
+            return unbroadcast(np.broadcast_to(r, np.broadcast_shapes(np.shape(r), shape)), shape)   # size-1 axes
         return chain_i
     return np.einsum(subscripts, *operands, optimize=optimize), (None, *(chain(i) for i in range(len(operands))))
 
@@ -225,9 +239,9 @@ def min_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.min, x, ax
 
 # %% ../nbs/03a_primitives.ipynb #dce5ca50
 @defvwc(np.reshape, unary=True)
-def reshape_vwc(x, *, shape):
-    old = np.shape(x)
-    return np.reshape(x, shape), lambda g: np.reshape(g, old)
+def reshape_vwc(x, *, shape, order='C'):
+    old = np.shape(x)                                 # the cotangent goes back in the same order it came
+    return np.reshape(x, shape, order=order), lambda g: np.reshape(g, old, order=order)
 
 @defvwc(np.transpose, unary=True)
 def transpose_vwc(x, *, axes=None):
@@ -248,9 +262,9 @@ def expand_dims_vwc(x, *, axis):
     return np.expand_dims(x, axis), lambda g: np.reshape(g, old)
 
 @defvwc(np.ravel, unary=True)
-def ravel_vwc(x):
+def ravel_vwc(x, *, order='C'):
     old = np.shape(x)
-    return np.ravel(x), lambda g: np.reshape(g, old)
+    return np.ravel(x, order=order), lambda g: np.reshape(g, old, order=order)
 
 @defvwc(np.broadcast_to, unary=True)
 def broadcast_to_vwc(x, *, shape):
@@ -290,13 +304,15 @@ def stack_vwc(*xs, axis=0):
 # %% ../nbs/03a_primitives.ipynb #5d8be29c
 @defvwc(np.where)
 def where_vwc(cond, x, y):
+    cond = as_mask(cond)                              # np.where treats any nonzero as True; so must ~cond
     return np.where(cond, x, y), (None, lambda g: unbroadcast(g * cond, np.shape(x)),
                                         lambda g: unbroadcast(g * ~cond, np.shape(y)))
 
 @defvwc(np.clip, unary=True)
 def clip_vwc(x, *, a_min, a_max):
     inside = (x >= (-np.inf if a_min is None else a_min)) & (x <= (np.inf if a_max is None else a_max))
-    return np.clip(x, a_min, a_max), lambda g: g * inside
+    shape = np.shape(x)                               # array bounds may broadcast x to a larger shape
+    return np.clip(x, a_min, a_max), lambda g: unbroadcast(g * inside, shape)
 
 # %% ../nbs/03a_primitives.ipynb #244a3129
 @defvwc(name='relu', unary=True)
@@ -329,6 +345,6 @@ NONDIFFERENTIABLE = {
     np.argmax, np.argmin, np.argsort, np.isfinite, np.isnan, np.isinf, np.sign, np.floor, np.ceil, np.round,
     np.rint, np.trunc, np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal,
     np.logical_and, np.logical_or, np.logical_not, np.logical_xor, np.allclose, np.isclose, np.array_equal,
-    np.count_nonzero, np.nonzero, np.flatnonzero, np.unique, np.floor_divide, np.remainder, np.bitwise_and,
+    np.count_nonzero, np.nonzero, np.flatnonzero, np.unique, np.floor_divide, np.bitwise_and,
     np.bitwise_or, np.invert,
 }

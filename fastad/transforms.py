@@ -10,9 +10,10 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
 import dataclasses, inspect, numbers, sys, types, warnings
 import numpy as np
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
+from . import engine
 from .engine import Trace, Traced, apply, backward, unbox, unbox_all
 from .errors import DifferentiationError, NonScalarOutputError
-from .tree import Differentiable, nondifferentiable, flatten, is_leaf, _describe
+from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_leaf, _describe
 
 # %% ../nbs/03d_transforms.ipynb #edc2afa1
 class ZeroDerivativeWarning(UserWarning):
@@ -62,13 +63,10 @@ def value_with_pullback(f, *args):
                       f"derivative is always zero", ZeroDerivativeWarning, stacklevel=3)
 
     def pullback(cotangent):
-        cts, _ = flatten(cotangent, where='the cotangent')
-        if len(cts) != len(outs):
-            raise DifferentiationError(f"pullback of {_name(f)}: the cotangent holds {len(cts)} arrays but the "
-                                       f"result holds {len(outs)}; pass one shaped like the result")
+        cts = leaves_like(out, cotangent, f"pullback of {_name(f)}: the cotangent")   # matched by key, not position
         seeds = {}
         for o, c in zip(mine, cts):
-            if o is None: continue
+            if o is None or c is None: continue               # None: no cotangent for that part of the result
             if np.shape(c) != np.shape(o.value):
                 raise DifferentiationError(f"pullback of {_name(f)}: the cotangent has shape {np.shape(c)} but "
                                            f"the result has shape {np.shape(o.value)}")
@@ -87,8 +85,9 @@ def pullback(f, *args):
 # %% ../nbs/03d_transforms.ipynb #c7652e1d
 def _seed(value, f):
     "The cotangent 1 for a scalar result; an error for anything else."
-    if isinstance(value, (tuple, list, dict)) or np.ndim(unbox(value)) != 0:
-        what = f"a {type(value).__name__}" if isinstance(value, (tuple, list, dict)) else f"shape {np.shape(unbox(value))}"
+    structured = isinstance(value, (tuple, list, dict, Differentiable))
+    if structured or np.ndim(unbox(value)) != 0:
+        what = f"a {type(value).__name__}" if structured else f"shape {np.shape(unbox(value))}"
         raise NonScalarOutputError(
             f"gradient of {_name(f)}: the result has {what}, but a gradient needs a scalar result. Reduce it "
             f"(e.g. with .sum() or .mean()), or use pullback(f, x)(cotangent) for a non-scalar result")
@@ -111,33 +110,42 @@ def gradient(f, *args):
     return gradient_of_f
 
 # %% ../nbs/03d_transforms.ipynb #6d7aafe5
+def _checked(name, cts, n):
+    "The `n` cotangents a custom pullback returned, or an error saying what it returned instead."
+    if n == 1 and isinstance(cts, (tuple, list)):
+        raise DifferentiationError(f"pullback of {name} returned a {type(cts).__name__} for its one input: return the cotangent itself")
+    if n > 1 and (not isinstance(cts, (tuple, list)) or len(cts) != n):
+        got = f"{len(cts)} cotangents" if isinstance(cts, (tuple, list)) else f"a {type(cts).__name__}"
+        raise DifferentiationError(f"pullback of {name} returned {got} for {n} inputs: return a tuple of {n}, one per input")
+    return cts
+
 def _split_chain(pullback, n):
-    "Per-input chains from a pullback returning all `n` cotangents, calling it once per cotangent."
-    last = [None, None]
+    """Per-input chains from a pullback returning all `n` cotangents. A backward sweep calls the chains of one
+    step one after another with the same cotangent, so the pullback runs once per sweep: each chain takes its
+    share of the last result, and a chain asking again (the next sweep) runs the pullback anew."""
+    last = [None, None, set()]                          # cotangent, pullback(cotangent), chains still to serve
     def chain(i):
         def chain_i(g):
-            if last[0] is not g: last[0], last[1] = g, pullback(g)
+            if last[0] is not g or i not in last[2]: last[:] = g, pullback(g), set(range(n))
+            last[2].discard(i)
             return last[1][i]
         return chain_i
     return tuple(chain(i) for i in range(n))
 
 def _leaf_cotangents(name, i, arg, ct):
     "The cotangents of the leaves of `arg`, from `ct`, the pullback's cotangent for it: a structure like it, `None` for none."
-    n = len(flatten(arg, static_ok=True)[0])
-    if ct is None: return [None] * n
-    if isinstance(arg, (tuple, list, dict, Differentiable)) and type(ct) is not type(arg):
-        raise DifferentiationError(f"pullback of {name}: the cotangent of argument {i} is a {type(ct).__name__}, but the "
-                                   f"argument is a {type(arg).__name__}; return a {type(arg).__name__} (or None)")
-    leaves = flatten(ct, where=f"the cotangent of argument {i}", static_ok=True, none_leaves=True)[0]
-    if len(leaves) != n:
-        raise DifferentiationError(f"pullback of {name}: the cotangent of argument {i} holds {len(leaves)} arrays, "
-                                   f"but the argument holds {n}; return one shaped like the argument (or None)")
-    return leaves
+    if ct is None: return [None] * len(flatten(arg, static_ok=True)[0])
+    return leaves_like(arg, ct, f"pullback of {name}: the cotangent of argument {i}")
+
+def _has_traced(x):
+    return type(x) is Traced or (isinstance(x, (tuple, list, dict, Differentiable))
+                                 and any(type(l) is Traced for l in flatten(x, static_ok=True)[0]))
 
 class CustomFunction(Primitive):
     """A function with a derivative of your own (from `differentiable_function`): array arguments take the
     engine's fast path; structured ones (a model and its input, say) are flattened to their leaves."""
     def __call__(self, *args, **kwargs):
+        if kwargs or (self.arity is not None and len(args) < self.arity): args, kwargs = self._positional(args, kwargs)
         if all(type(a) is Traced or is_leaf(a) or not isinstance(a, (tuple, list, dict, Differentiable)) for a in args):
             return super().__call__(*args, **kwargs)
         leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
@@ -145,25 +153,46 @@ class CustomFunction(Primitive):
             return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
         return apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
 
+    def _positional(self, args, kwargs):
+        "Every positional parameter, given or defaulted, as a positional argument: the VJP's pullback returns one cotangent each."
+        if self.signature is None: return args, kwargs
+        try: bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e: raise DifferentiationError(f"{self.name}: {e}") from None
+        bound.apply_defaults()
+        if any(_has_traced(v) for v in bound.kwargs.values()):
+            raise DifferentiationError(f"{self.name}: a keyword-only argument cannot be differentiated; pass it by position")
+        return bound.args, bound.kwargs
+
+def _signature(vjp):
+    "The VJP's signature and how many positional parameters it has (None if it takes *args or has no signature)."
+    try: sig = inspect.signature(vjp)
+    except (TypeError, ValueError): return None, None
+    kinds = [p.kind for p in sig.parameters.values()]
+    if inspect.Parameter.VAR_POSITIONAL in kinds: return sig, None
+    return sig, sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
+
 def differentiable_function(vjp, name=None, forward=None):
     """A differentiable function from its VJP: `vjp(*xs)` returns `(value, pullback)`, and `pullback(v)`
-    returns the cotangent of `x`, or a tuple of them when there are several inputs. An argument may be a
-    structure (a tuple, dict or `Differentiable` model); its cotangent is then a structure like it, or None."""
+    returns the cotangent of `x`, or a tuple of them, one per positional parameter (given or defaulted; `None`
+    for one that gets none). An argument may be a structure (a tuple, dict or `Differentiable` model); its
+    cotangent is then a structure like it, or None."""
     name = name or _name(vjp)
     def vwc(*xs, **kwargs):
         value, pb = vjp(*xs, **kwargs)
-        return value, ((pb,) if len(xs) == 1 else _split_chain(pb, len(xs)))
+        n = len(xs)
+        return value, _split_chain(lambda g: _checked(name, pb(g), n), n) if n > 1 else (lambda g: _checked(name, pb(g), 1),)
     def structured_vwc(*leaves, rebuild, kwargs):
         args = rebuild(leaves)
         value, pb = vjp(*args, **kwargs)
         def leaf_cotangents(g):
-            cts = pb(g)
+            cts = _checked(name, pb(g), len(args))
             cts = (cts,) if len(args) == 1 else cts
             return [c for i, (a, ct) in enumerate(zip(args, cts)) for c in _leaf_cotangents(name, i, a, ct)]
         return value, _split_chain(leaf_cotangents, len(leaves))
     vwc.__doc__ = vjp.__doc__
     fn = CustomFunction(name, vwc, forward=forward)
-    fn.structured = Primitive(name, structured_vwc)
+    fn.structured, fn.vjp = Primitive(name, structured_vwc), vjp
+    fn.signature, fn.arity = _signature(vjp)
     return fn
 
 _REDIRECTED = []        # differentiable versions of redirected Python functions, by index
@@ -203,8 +232,12 @@ def derivative(of):
     def register(vjp):
         if not callable(of): raise DifferentiationError(f"derivative: `of` must be a function, not {_describe(of)}")
         fn = differentiable_function(vjp, name=_name(of), forward=of)
-        if isinstance(of, np.ufunc): UFUNC_PRIMITIVES[of] = fn
-        elif (getattr(of, '__module__', None) or '').startswith('numpy'): FUNCTION_PRIMITIVES[of] = fn
+        if isinstance(of, np.ufunc):
+            UFUNC_PRIMITIVES[of] = fn
+            engine.refresh_operators()                 # `a + b` and `@` use the new derivative too
+        elif (getattr(of, '__module__', None) or '').startswith('numpy'):
+            FUNCTION_PRIMITIVES[of] = fn
+            engine._ADAPTERS.pop(of, None)             # the engine's own argument handling for it steps aside
         elif isinstance(of, types.FunctionType): _redirect(of, fn)
         else:
             for namespace in (getattr(of, '__globals__', None), sys._getframe(1).f_globals):

@@ -92,7 +92,7 @@ def test_no_derivative_names_submodule_functions_in_full():
 def test_refusals(f, message):
     with pytest.raises(DifferentiationError, match=message): fd.gradient(f, np.ones(3))
 
-@pytest.mark.parametrize('method', ['item', 'tolist', 'cumsum', 'prod', 'argsort'])
+@pytest.mark.parametrize('method', ['item', 'tolist', 'cumsum', 'prod', 'sort'])
 def test_array_methods_with_no_derivative_name_the_method(any_backend, method):
     def f(x):
         assert not hasattr(x, method)           # an AttributeError too, so duck typing still works
@@ -313,3 +313,69 @@ def test_exception_in_a_hook_propagates_and_the_pullback_survives():
     value, pb = fd.value_with_pullback(lambda x: fd.with_derivative(x * 3.0, hook) ** 2, 1.0)
     with pytest.raises(ValueError, match='hook failed once'): pb(1.0)
     assert pb(1.0) == 18.0 and len(calls) == 2
+
+# --- NumPy's conventions, kept ------------------------------------------------------------------------------
+def test_masks_are_booleans_whatever_the_condition(any_backend):
+    x = dev([1.0, 2.0, 3.0])
+    ga, gb = fd.gradient(lambda a, b: np.where(dev([1.0, 0.0, 2.0]), a, b).sum(), x, x)
+    close(ga, [1, 0, 1]); close(gb, [0, 1, 0])
+    assert fd.gradient(lambda a: np.where(a > 0, a, -a), 2.0) == 1.0           # Python bools: ~True is -2
+    assert fd.gradient(lambda a: np.maximum(0.0, a), 2.0) == 1.0
+    assert fd.gradient(lambda a: np.minimum(5.0, a), 2.0) == 1.0
+
+def test_ufunc_reduce_defaults_to_axis_0(any_backend):
+    A = dev(np.arange(6.).reshape(2, 3))
+    close(fd.value_with_pullback(lambda a: np.add.reduce(a), A)[0], [3, 5, 7])
+    close(fd.gradient(lambda a: (np.maximum.reduce(a) * dev([1, 2, 3])).sum(), A), [[0, 0, 0], [1, 2, 3]])
+
+def test_fortran_order_reshapes(any_backend):
+    A = dev(np.arange(6.).reshape(2, 3))
+    for f in (lambda a: a.reshape((3, 2), order='F'), lambda a: np.reshape(a, (3, 2), order='F'),
+              lambda a: a.ravel('F'), lambda a: a.flatten('F')):
+        value, pb = fd.value_with_pullback(f, A)
+        close(value, f(to_host(A)))
+        close(pb(value), A)                                    # a permutation: its pullback undoes it
+    with pytest.raises(DifferentiationError, match="numpy.reshape: order='A' cannot be differentiated"):
+        fd.gradient(lambda a: a.reshape(6, order='A').sum(), A)
+
+def test_casts_to_integers_carry_no_derivative():
+    assert fd.gradient(lambda a: (a.astype(int) * 1.0 + a).sum(), np.array([1.5, 2.5])).tolist() == [1.0, 1.0]
+    assert fd.gradient(lambda a: a.astype(bool).sum() * 1.0 + a.sum(), np.array([1.5, 0.0])).tolist() == [1.0, 1.0]
+
+def test_remainder_floor_division_and_round():
+    close(fd.gradient(lambda a: np.remainder(a, 4.0).sum() + (a % 3.0).sum(), np.array([1.0, 5.0])), [2.0, 2.0])
+    close(fd.gradient(lambda a, b: (a % b).sum(), np.array([7.0]), np.array([2.0]))[1], [-3.0])
+    assert fd.gradient(lambda a: a // 2 + a, 5.0) == 1.0 and fd.gradient(lambda a: round(a) + a, 2.4) == 1.0
+
+def test_powers_at_zero():
+    close(fd.gradient(lambda a: (a ** 0).sum(), np.zeros(2)), [0.0, 0.0])
+    close(fd.gradient(lambda a: np.power(a, np.array([0.0, 2.0])).sum(), np.zeros(2)), [0.0, 0.0])
+    assert fd.gradient(lambda a: a ** 0, 0.0) == 0.0
+    with np.errstate(divide='ignore'): assert fd.gradient(lambda a: a ** 0.5, 0.0) == np.inf     # not a ZeroDivisionError
+
+def test_clip_with_bounds_larger_than_its_argument(any_backend):
+    close(fd.gradient(lambda a: np.clip(a, dev(np.zeros((2, 3))), 1.5).sum(), dev([1.0, 2.0, -1.0])), [2.0, 0.0, 0.0])
+
+def test_concatenate_without_an_axis_flattens():
+    close(fd.gradient(lambda a: (np.concatenate([a, a * 2], axis=None) * np.arange(8.)).sum(), np.ones((2, 2))),
+          [[8, 11], [14, 17]])                                  # a00 meets weights 0 and 4, ...
+
+def test_ufunc_dtype_is_honoured_and_other_keywords_refused():
+    value = fd.value_with_gradient(lambda a: np.add(a, 1.0, dtype=np.float32).sum(), np.ones(2))[0]
+    assert value.dtype == np.float32
+    with pytest.raises(DifferentiationError, match="numpy.add: the `casting=` argument is not supported"):
+        fd.gradient(lambda a: np.add(a, 1.0, casting='unsafe').sum(), np.ones(2))
+
+def test_in_place_operator_on_a_numpy_array_says_so():
+    def f(a):
+        acc = np.zeros(3)
+        acc += a
+        return acc.sum()
+    with pytest.raises(DifferentiationError, match="as `a \\+= x` into a NumPy array"): fd.gradient(f, np.ones(3))
+
+def test_index_methods_give_plain_results():
+    def f(a):
+        assert a.argmax() == 1 and a.argmin() == 0 and a.argsort().tolist() == [0, 2, 1] and a.nonzero()[0].tolist() == [1, 2]
+        assert a.all() == False and a.any() == True
+        return a.sum()
+    fd.gradient(f, np.array([0.0, 2.0, 1.0]))

@@ -54,7 +54,7 @@ def test_unary(any_backend, name, shape, seed):
 def test_unary_positive_domain(any_backend, name, shape, seed):
     check_pullback(POSITIVE[name], rand(seed, shape, low=0.5))
 
-BINARY = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b, '/': lambda a, b: a / b,
+BINARY = {'%': lambda a, b: a % b, '+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b, '/': lambda a, b: a / b,
           '**': lambda a, b: a ** b, 'maximum': np.maximum, 'minimum': np.minimum,
           'np.add': np.add, 'np.multiply': np.multiply, 'np.subtract': np.subtract, 'np.true_divide': np.true_divide}
 BROADCAST_PAIRS = [((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 1), (4,)), ((2, 3, 4), (3, 1)), ((), (2, 3)), ((4, 1), (1, 5))]
@@ -162,7 +162,7 @@ def test_second_derivatives_of_arrays(any_backend, name):
 EINSUM = [('ik,kj->ij', (3, 4), (4, 2)), ('i,i->', (4,), (4,)), ('i,j->ij', (3,), (2,)), ('bij,bjk->bik', (2, 3, 4), (2, 4, 5)),
           ('ij->ji', (3, 4)), ('ij->', (3, 4)), ('ij,j', (3, 4), (4,)), ('ba,c', (2, 3), (4,)), ('...ij,...jk->...ik', (2, 3, 4), (4, 5)),
           ('...i,...i->...', (2, 3), (3,)), ('ij,jk,kl->il', (2, 3), (3, 4), (4, 2)), ('ij,kj->i', (3, 4), (2, 4)),
-          ('ij,ij->ij', (1, 4), (3, 4)), ('i, j -> j', (3,), (2,))]
+          ('ij,ij->ij', (1, 4), (3, 4)), ('i, j -> j', (3,), (2,)), ('ij,ij->j', (1, 3), (2, 3)), ('i,i->', (1,), (3,))]
 
 @pytest.mark.parametrize('spec', EINSUM, ids=[e[0] for e in EINSUM])
 def test_einsum(any_backend, spec):
