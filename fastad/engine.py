@@ -16,12 +16,13 @@ from .errors import DifferentiationError, NoDerivativeError, NoDerivativeMethodE
 
 # %% ../nbs/03b_engine.ipynb #4db5e0b8
 class Trace:
-    "One reverse-mode recording: a tape with one entry `(name, parents)` per traced value (`None` for inputs)."
-    __slots__ = ('level', 'tape', 'active')
+    """One reverse-mode recording: a tape with one entry `(name, parents)` per traced value (`None` for inputs).
+    `stopped` records that a derivative was dropped on purpose (`without_derivative`) during the recording."""
+    __slots__ = ('level', 'tape', 'active', 'stopped')
     _count = 0
     def __init__(self):
         Trace._count += 1
-        self.level, self.tape, self.active = Trace._count, [], True
+        self.level, self.tape, self.active, self.stopped = Trace._count, [], True, False
     def new_input(self, value):
         "Wrap `value` as an input of this trace."
         return _new(self, value, None)

@@ -58,9 +58,10 @@ def value_with_pullback(f, *args):
     outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
     value = rebuild_out([unbox(o, trace) for o in outs])
     mine = [o if type(o) is Traced and o.trace is trace else None for o in outs]
-    if all(o is None for o in mine):
+    if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
-                      f"derivative is always zero", ZeroDerivativeWarning, stacklevel=3)
+                      f"derivative is always zero; if that is intended, say so with without_derivative",
+                      ZeroDerivativeWarning, stacklevel=3)
 
     def pullback(cotangent):
         cts = leaves_like(out, cotangent, f"pullback of {_name(f)}: the cotangent")   # matched by key, not position
@@ -246,12 +247,20 @@ def derivative(of):
         return vjp
     return register
 
+def _stop(x):
+    "The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose."
+    while type(x) is Traced:
+        x.trace.stopped = True
+        x = x.value
+    return x
+
 def without_derivative(x):
-    "`x` as a constant: no derivative flows through it, in any transform."
-    if isinstance(x, Traced): return unbox(x)
+    """`x` as a constant: no derivative flows through it, in any transform. Saying so also silences the
+    warning that a result does not depend on the differentiated arguments."""
+    if isinstance(x, Traced): return _stop(x)
     if isinstance(x, (tuple, list, dict)) or dataclasses.is_dataclass(x):
         leaves, rebuild = flatten(x, where='without_derivative')
-        return rebuild([unbox(l) for l in leaves])
+        return rebuild([_stop(l) for l in leaves])
     return x
 
 def _hook_vwc(x, *, hook):

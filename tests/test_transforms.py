@@ -78,12 +78,17 @@ def test_gradient_forms():
     assert g(3.0) == 6.0 and g.__name__ == 'gradient_of_<lambda>'
     assert fd.value_with_gradient(lambda x: x ** 2, 3.0) == (9.0, 6.0)
 
-def test_zero_derivative_warns():
-    with pytest.warns(fd.ZeroDerivativeWarning, match="does not depend"):
-        assert fd.gradient(lambda x: 5.0 + 0 * fd.without_derivative(x), 1.0) == 0.0
+def test_zero_derivative_warns_unless_stopped_on_purpose():
+    with pytest.warns(fd.ZeroDerivativeWarning, match="does not depend.*say so with without_derivative"):
+        assert fd.gradient(lambda x: np.floor(x) * 2 + 5.0, 1.5) == 0.0
+    with pytest.warns(fd.ZeroDerivativeWarning):
+        assert fd.gradient(lambda x, y: 3.0, 1.0, 2.0) == (0.0, 0.0)
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         fd.gradient(np.sin, 1.0)                          # no warning when the result depends on x
+        assert fd.gradient(lambda x: 5.0 + 0 * fd.without_derivative(x), 1.0) == 0.0        # said on purpose
+        assert fd.gradient(lambda d: fd.without_derivative(d)['a'] * 2, {'a': 1.0}) == {'a': 0.0}
+        assert fd.gradient(lambda x: x * fd.gradient(lambda y: fd.without_derivative(y) * x, 1.0), 2.0) == 0.0
 
 # --- custom derivatives -----------------------------------------------------------------------------------
 def cube_root(x): return np.cbrt(x)                       # np.cbrt has no derivative in the table
