@@ -139,6 +139,7 @@ def _leaf_cotangents(name, i, arg, ct):
     return leaves_like(arg, ct, f"pullback of {name}: the cotangent of argument {i}")
 
 def _has_traced(x):
+    "Is `x`, or a leaf of the structure `x`, a traced value?"
     return type(x) is Traced or (isinstance(x, (tuple, list, dict, Differentiable))
                                  and any(type(l) is Traced for l in flatten(x, static_ok=True)[0]))
 
@@ -276,7 +277,7 @@ def with_derivative(x, hook):
     """`x` unchanged; in the backward pass `hook(g)` sees the cotangent `g` of `x`, and may return a
     replacement or change `g` in place."""
     if not callable(hook): raise DifferentiationError(f"with_derivative: hook must be callable, not {_describe(hook)}")
-    if isinstance(x, (tuple, list, dict, Differentiable)) and any(type(l) is Traced for l in flatten(x, static_ok=True)[0]):
+    if type(x) is not Traced and _has_traced(x):
         raise DifferentiationError(f"with_derivative: x is a {type(x).__name__}, but a hook sees one array's cotangent: "
                                    f"apply it to each array (each field of a model, say)")
     return _with_derivative(x, hook=hook)
