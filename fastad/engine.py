@@ -46,7 +46,7 @@ def _unbroadcasting(chain, shape): return lambda g: unbroadcast(chain(g), shape)
 def apply(prim, args, kwargs=_NO_KWARGS):
     "Run primitive `prim` on `args`, recording it on the innermost trace among them."
     x = args[0]
-    if prim.unary and type(x) is Traced:              # one input, and it is traced
+    if prim.unary and type(x) is Traced and len(args) == 1:   # one input, and it is traced
         trace = x.trace
         if not trace.active: raise _finished()
         ans, chain = prim.vwc(x.value, **kwargs) if kwargs else prim.vwc(x.value)
@@ -205,6 +205,7 @@ class Traced:
         if method == '__call__':
             prim = UFUNC_PRIMITIVES.get(ufunc)
             if prim is not None:
+                if type(prim) is not Primitive: return prim(*inputs, **kwargs)   # a custom derivative binds its own arguments
                 if not kwargs: return apply(prim, inputs)
                 dtype = _ufunc_keywords(f"numpy.{ufunc.__name__}", kwargs)
                 result = apply(prim, inputs)
@@ -218,7 +219,7 @@ class Traced:
         adapter = _ADAPTERS.get(func)
         if adapter is not None: return adapter(*args, **kwargs)
         prim = FUNCTION_PRIMITIVES.get(func)
-        if prim is not None: return apply(prim, args, kwargs)
+        if prim is not None: return apply(prim, args, kwargs) if type(prim) is Primitive else prim(*args, **kwargs)
         if func in NONDIFFERENTIABLE: return func(*unbox_all(args), **unbox_all(kwargs))
         raise _no_derivative(f"{getattr(func, '__module__', None) or 'numpy'}.{func.__name__}")   # numpy.linalg.inv, ...
 

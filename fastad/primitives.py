@@ -25,6 +25,9 @@ class Primitive:
         self.name, self.vwc, self.unary, self.broadcasts, self.forward = name, vwc, unary, broadcasts, forward
         self.__name__, self.__doc__ = name, vwc.__doc__
     def __call__(self, *args, **kwargs):
+        if self.unary and len(args) != 1:
+            raise DifferentiationError(f"{self.name} takes one array, and the rest by keyword: {self.name}(x, axis=0), "
+                                       f"say; got {len(args)} positional arguments")
         for a in args:
             handler = getattr(type(a), '__fastad_primitive__', None)
             if handler is not None: return handler(self, args, kwargs)

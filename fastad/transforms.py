@@ -111,14 +111,26 @@ def gradient(f, *args):
     return gradient_of_f
 
 # %% ../nbs/03d_transforms.ipynb #6d7aafe5
-def _checked(name, cts, n):
-    "The `n` cotangents a custom pullback returned, or an error saying what it returned instead."
-    if n == 1 and isinstance(cts, (tuple, list)):
-        raise DifferentiationError(f"pullback of {name} returned a {type(cts).__name__} for its one input: return the cotangent itself")
+def _arg_cotangents(name, args, cts):
+    """What a custom pullback returned (a cotangent per argument: a tuple when there are several, or just one
+    when only one argument can have one), checked against the arguments: per argument, the list of its
+    leaves' cotangents (`None` where there are none)."""
+    n = len(args)
+    differentiable = [i for i, a in enumerate(args) if flatten(a, static_ok=True)[0]]
+    if n > 1 and not isinstance(cts, (tuple, list)) and len(differentiable) == 1:   # np.sum(x, axis): x's alone
+        cts = tuple(cts if i == differentiable[0] else None for i in range(n))
     if n > 1 and (not isinstance(cts, (tuple, list)) or len(cts) != n):
         got = f"{len(cts)} cotangents" if isinstance(cts, (tuple, list)) else f"a {type(cts).__name__}"
         raise DifferentiationError(f"pullback of {name} returned {got} for {n} inputs: return a tuple of {n}, one per input")
-    return cts
+    per_arg = []
+    for i, (arg, ct) in enumerate(zip(args, (cts,) if n == 1 else cts)):
+        where = f"pullback of {name}: the cotangent of argument {i}"
+        leaves = leaves_like(arg, ct, where)
+        for leaf, c in zip(flatten(arg, static_ok=True)[0], leaves):
+            if c is not None and np.shape(c) != np.shape(leaf):
+                raise DifferentiationError(f"{where} has shape {np.shape(c)}, but the argument has shape {np.shape(leaf)}")
+        per_arg.append(leaves)
+    return per_arg
 
 def _split_chain(pullback, n):
     """Per-input chains from a pullback returning all `n` cotangents. A backward sweep calls the chains of one
@@ -133,27 +145,47 @@ def _split_chain(pullback, n):
         return chain_i
     return tuple(chain(i) for i in range(n))
 
-def _leaf_cotangents(name, i, arg, ct):
-    "The cotangents of the leaves of `arg`, from `ct`, the pullback's cotangent for it: a structure like it, `None` for none."
-    if ct is None: return [None] * len(flatten(arg, static_ok=True)[0])
-    return leaves_like(arg, ct, f"pullback of {name}: the cotangent of argument {i}")
+class _Parts:
+    "Cotangents of some of a custom function's outputs (None for the others); they add up output by output."
+    __slots__ = ('cts',)
+    def __init__(self, cts): self.cts = cts
+    def __add__(self, other):
+        return _Parts([b if a is None else a if b is None else a + b for a, b in zip(self.cts, other.cts)])
+
+def _part_vwc(whole, *, i, n):
+    "Output `i` of the `n` outputs (leaves) of a custom function's result."
+    return flatten(whole, static_ok=True)[0][i], lambda g: _Parts([g if j == i else None for j in range(n)])
+
+_part = Primitive('part', _part_vwc, unary=True)
+
+def _cotangent_like(value, g):
+    "The cotangent `g` of a custom function's result, in the result's own structure (zeros for unused outputs)."
+    if type(g) is not _Parts: return g
+    leaves, rebuild = flatten(value, static_ok=True)
+    return rebuild([_zeros_like(leaf) if c is None else c for leaf, c in zip(leaves, g.cts)])
 
 def _has_traced(x):
     "Is `x`, or a leaf of the structure `x`, a traced value?"
     return type(x) is Traced or (isinstance(x, (tuple, list, dict, Differentiable))
                                  and any(type(l) is Traced for l in flatten(x, static_ok=True)[0]))
 
+_STRUCTURES = (tuple, list, dict, Differentiable)
+
 class CustomFunction(Primitive):
-    """A function with a derivative of your own (from `differentiable_function`): array arguments take the
-    engine's fast path; structured ones (a model and its input, say) are flattened to their leaves."""
+    """A function with a derivative of your own (from `differentiable_function`). Array arguments take the
+    engine's fast path; structured ones (a model and its input, say) are flattened to their leaves, and a
+    structured result (a tuple, say) is split into one traced value per output."""
     def __call__(self, *args, **kwargs):
         if kwargs or (self.arity is not None and len(args) < self.arity): args, kwargs = self._positional(args, kwargs)
-        if all(type(a) is Traced or is_leaf(a) or not isinstance(a, (tuple, list, dict, Differentiable)) for a in args):
-            return super().__call__(*args, **kwargs)
-        leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
-        if not any(type(l) is Traced for l in leaves):
-            return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
-        return apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
+        if any(isinstance(a, _STRUCTURES) for a in args):
+            leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
+            if not any(type(l) is Traced for l in leaves):
+                return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
+            result = apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
+        else: result = super().__call__(*args, **kwargs)
+        if type(result) is not Traced or not isinstance(result.value, _STRUCTURES): return result
+        outputs, rebuild_outputs = flatten(result.value, where=f"the result of {self.name}", static_ok=True)
+        return rebuild_outputs([apply(_part, (result,), dict(i=i, n=len(outputs))) for i in range(len(outputs))])
 
     def _positional(self, args, kwargs):
         "Every positional parameter, given or defaulted, as a positional argument: the VJP's pullback returns one cotangent each."
@@ -176,21 +208,19 @@ def _signature(vjp):
 def differentiable_function(vjp, name=None, forward=None):
     """A differentiable function from its VJP: `vjp(*xs)` returns `(value, pullback)`, and `pullback(v)`
     returns the cotangent of `x`, or a tuple of them, one per positional parameter (given or defaulted; `None`
-    for one that gets none). An argument may be a structure (a tuple, dict or `Differentiable` model); its
-    cotangent is then a structure like it, or None."""
+    for one that gets none; just the one when only one argument is differentiable, as `x` in `f(x, axis)`).
+    Arguments and the value may be structures (tuples, dicts, `Differentiable` models): a cotangent then has
+    the structure of what it belongs to, and `None` stands for zeros."""
     name = name or _name(vjp)
     def vwc(*xs, **kwargs):
         value, pb = vjp(*xs, **kwargs)
-        n = len(xs)
-        return value, _split_chain(lambda g: _checked(name, pb(g), n), n) if n > 1 else (lambda g: _checked(name, pb(g), 1),)
+        def cotangents(g): return [leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(_cotangent_like(value, g)))]
+        return value, _split_chain(cotangents, len(xs))
     def structured_vwc(*leaves, rebuild, kwargs):
         args = rebuild(leaves)
         value, pb = vjp(*args, **kwargs)
-        def leaf_cotangents(g):
-            cts = _checked(name, pb(g), len(args))
-            cts = (cts,) if len(args) == 1 else cts
-            return [c for i, (a, ct) in enumerate(zip(args, cts)) for c in _leaf_cotangents(name, i, a, ct)]
-        return value, _split_chain(leaf_cotangents, len(leaves))
+        def cotangents(g): return [c for per_arg in _arg_cotangents(name, args, pb(_cotangent_like(value, g))) for c in per_arg]
+        return value, _split_chain(cotangents, len(leaves))
     vwc.__doc__ = vjp.__doc__
     fn = CustomFunction(name, vwc, forward=forward)
     fn.structured, fn.vjp = Primitive(name, structured_vwc), vjp
@@ -233,6 +263,9 @@ def derivative(of):
     through ctypes, say) is replaced by name in its module and the caller's. Returns the VJP unchanged."""
     def register(vjp):
         if not callable(of): raise DifferentiationError(f"derivative: `of` must be a function, not {_describe(of)}")
+        if inspect.ismethod(of):                       # each `obj.f` is a new object: nothing could be found by it
+            raise DifferentiationError(f"derivative: `of` is a bound method ({of.__qualname__}); register the function "
+                                       f"{of.__qualname__} itself, with a VJP whose first parameter is the object")
         fn = differentiable_function(vjp, name=_name(of), forward=of)
         if isinstance(of, np.ufunc):
             UFUNC_PRIMITIVES[of] = fn
@@ -260,7 +293,7 @@ def without_derivative(x):
     warning that a result does not depend on the differentiated arguments."""
     if isinstance(x, Traced): return _stop(x)
     if isinstance(x, (tuple, list, dict)) or dataclasses.is_dataclass(x):
-        leaves, rebuild = flatten(x, where='without_derivative')
+        leaves, rebuild = flatten(x, where='without_derivative', static_ok=True)
         return rebuild([_stop(l) for l in leaves])
     return x
 

@@ -89,7 +89,8 @@ def _rebuild(spec, leaves):
 
 def leaves_like(template, x, where):
     """The leaves of `x` in the order of `template`'s, checking that `x` has `template`'s structure: same
-    containers, same dict keys (in any order), same model classes. For a cotangent shaped like a value."""
+    containers, same dict keys (in any order), same model classes; `None` stands for zeros, at a leaf or for
+    a whole part. For a cotangent shaped like a value."""
     from fastad.engine import Traced
     found = []
     def unlike(where, t, x, got='', want=''):
@@ -99,6 +100,8 @@ def leaves_like(template, x, where):
         if type(t) is Traced or is_leaf(t):
             if isinstance(x, (tuple, list, dict, Differentiable)): raise unlike(where, t, x)
             found.append(x)                             # the leaf itself (its shape, or None) is the caller's to check
+        elif x is None:                                 # None for a whole structure: None for each of its leaves
+            found.extend([None] * len(flatten(t, static_ok=True)[0]))
         elif isinstance(t, (tuple, list)):
             if type(x) is not type(t): raise unlike(where, t, x)
             if len(x) != len(t): raise unlike(where, t, x, f" of {len(x)} items", f" of {len(t)}")

@@ -6,6 +6,7 @@ import fastad as fd
 from fastad.primitives import UFUNC_PRIMITIVES
 from fastad.errors import DifferentiationError, NonScalarOutputError, NoDerivativeError
 from fastad.backend import to_device, to_host
+from fastad.tree import flatten
 
 def close(a, b): np.testing.assert_allclose(to_host(a), to_host(b), rtol=1e-9, atol=1e-12)
 
@@ -296,3 +297,80 @@ def test_complex_values_are_refused():
 def test_gradient_of_a_model_valued_function_points_to_pullback():
     with pytest.raises(NonScalarOutputError, match="the result has a Inner, but a gradient needs a scalar"):
         fd.gradient(lambda w: Inner(w * 2), np.ones(2))
+
+# --- the extension points the checkpointing lesson stands on ----------------------------------------------
+def make_recomputed(f):
+    "f, but its pullback runs f again instead of keeping what f's own pullback would have saved."
+    return fd.differentiable_function(lambda *xs: (f(*xs), lambda v: fd.pullback(f, *xs)(v)), name='recomputed')
+
+def test_recomputation_with_a_model_matches_and_reruns(any_backend):
+    r = np.random.default_rng(1)
+    layer = Affine(to_device(r.standard_normal((3, 2))), to_device(r.standard_normal(2)))
+    x = to_device(r.standard_normal((4, 3)))
+    runs = []
+    def apply_layer(l, x):
+        runs.append(1)
+        return np.tanh(x @ l.w + l.b)
+    plain = fd.gradient(lambda l, x: (apply_layer(l, x) ** 2).sum(), layer, x)
+    runs.clear()
+    checkpointed = fd.gradient(lambda l, x: (make_recomputed(apply_layer)(l, x) ** 2).sum(), layer, x)
+    assert len(runs) == 2                                      # once forward, once again in the backward pass
+    close(checkpointed[0].w, plain[0].w); close(checkpointed[0].b, plain[0].b); close(checkpointed[1], plain[1])
+
+@pytest.mark.parametrize('params', [(np.ones(2), np.zeros(2)), [np.ones(2), np.zeros(2)], Pair(np.ones(2), np.zeros(2)),
+                                    {'w': np.ones(2), 'b': np.zeros(2)}])
+def test_recomputation_with_one_structured_argument(params):
+    x = np.array([0.5, -1.0])
+    def f(p): return np.tanh(p[0] * x + p[1]) if not isinstance(p, dict) else np.tanh(p['w'] * x + p['b'])
+    expected = fd.gradient(lambda p: f(p).sum(), params)
+    got = fd.gradient(lambda p: make_recomputed(f)(p).sum(), params)
+    assert type(got) is type(params)
+    for a, b in zip(flatten(got)[0], flatten(expected)[0]): close(a, b)
+
+def test_custom_functions_may_return_structures():
+    x, y = np.array([1.0, 2.0]), np.array([3.0, 4.0, 5.0])
+    both = fd.differentiable_function(lambda a, b: ((a * 2, b.sum()), lambda v: (v[0] * 2, v[1] * np.ones_like(b))), name='both')
+    assert fd.gradient(lambda a, b: both(a, b)[0].sum() + both(a, b)[1], x, y)[1].tolist() == [1.0, 1.0, 1.0]
+    ga, gb = fd.gradient(lambda a, b: both(a, b)[0].sum(), x, y)      # the unused output's cotangent is zeros
+    close(ga, [2.0, 2.0]); close(gb, np.zeros(3))
+    as_dict = fd.differentiable_function(lambda a: ({'twice': 2 * a, 'sum': a.sum()}, lambda v: 2 * v['twice'] + v['sum']))
+    close(fd.gradient(lambda a: as_dict(a)['sum'] + as_dict(a)['twice'][0], x), [3.0, 1.0])
+    def pair(a): return np.sin(a), a * a                      # checkpointing a function with two results
+    close(fd.gradient(lambda a: (make_recomputed(pair)(a)[0] * make_recomputed(pair)(a)[1]).sum(), x),
+          fd.gradient(lambda a: (pair(a)[0] * pair(a)[1]).sum(), x))
+    assert both(x, y)[1] == 12.0                              # outside a transform: the plain value
+
+def test_custom_cotangent_shapes_are_checked():
+    bad = fd.differentiable_function(lambda z: (z * 2, lambda g: g.sum()), name='bad')
+    with pytest.raises(DifferentiationError, match=r"pullback of bad: the cotangent of argument 0 has shape \(\), but the argument has shape \(3,\)"):
+        fd.gradient(lambda z: bad(z).sum(), np.ones(3))
+
+def test_custom_derivative_of_a_numpy_function_with_defaults_returns_just_the_one_cotangent():
+    from fastad.primitives import FUNCTION_PRIMITIVES
+    saved = FUNCTION_PRIMITIVES.get(np.round)
+    try:
+        @fd.derivative(of=np.round)
+        def round_vjp(x, decimals=0): return np.round(x, decimals), lambda g: g      # straight-through
+        for f in (lambda x: np.round(x), lambda x: np.round(x, 0), lambda x: np.round(x, decimals=0)):
+            close(fd.gradient(lambda x: f(x).sum(), np.array([0.4, 1.6])), [1.0, 1.0])
+    finally:
+        if saved is None: FUNCTION_PRIMITIVES.pop(np.round, None)
+        else: FUNCTION_PRIMITIVES[np.round] = saved
+
+def test_derivative_of_a_bound_method_is_refused_clearly():
+    class Scaler:
+        def f(self, x): return x * 3
+    with pytest.raises(DifferentiationError, match="`of` is a bound method .*register the function .*Scaler.f itself"):
+        fd.derivative(of=Scaler().f)(lambda x: (x, lambda g: g))
+
+def test_unary_primitives_take_their_options_by_keyword():
+    A = np.random.default_rng(3).standard_normal((2, 3))
+    for call in (lambda: fd.logsumexp(A, 0), lambda: fd.gradient(lambda a: fd.logsumexp(a, 0).sum(), A)):
+        with pytest.raises(DifferentiationError, match=r"logsumexp takes one array, and the rest by keyword: logsumexp\(x, axis=0\)"):
+            call()
+    close(fd.value_with_gradient(lambda a: fd.logsumexp(a, axis=0).sum(), A)[0], np.log(np.exp(A).sum(0)).sum())
+
+def test_none_stands_for_a_whole_part_of_a_cotangent_and_without_derivative_passes_statics():
+    pb = fd.pullback(lambda a: {'pair': (a, 2 * a), 'b': 3 * a}, np.ones(2))
+    close(pb({'pair': None, 'b': np.ones(2)}), [3.0, 3.0])
+    assert fd.gradient(lambda t: fd.without_derivative((t, 3))[0] * 0 + t * 2, 1.0) == 2.0
