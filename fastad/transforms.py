@@ -7,13 +7,13 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
            'differentiable_function', 'derivative', 'without_derivative', 'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
-import dataclasses, inspect, numbers, sys, types, warnings
+import dataclasses, inspect, sys, types, warnings
 import numpy as np
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
 from . import engine
-from .engine import Trace, Traced, apply, backward, unbox, unbox_all
+from .engine import Trace, Traced, apply, backward, unbox
 from .errors import DifferentiationError, NonScalarOutputError
-from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_leaf, _describe
+from .tree import Differentiable, nondifferentiable, flatten, leaves_like, _describe
 
 # %% ../nbs/03d_transforms.ipynb #edc2afa1
 class ZeroDerivativeWarning(UserWarning):
@@ -115,8 +115,8 @@ def _arg_cotangents(name, args, cts):
     """What a custom pullback returned (a cotangent per argument: a tuple when there are several, or just one
     when only one argument can have one), checked against the arguments: per argument, the list of its
     leaves' cotangents (`None` where there are none)."""
-    n = len(args)
-    differentiable = [i for i, a in enumerate(args) if flatten(a, static_ok=True)[0]]
+    n, arg_leaves = len(args), [flatten(a, static_ok=True)[0] for a in args]
+    differentiable = [i for i, leaves in enumerate(arg_leaves) if leaves]
     if n > 1 and not isinstance(cts, (tuple, list)) and len(differentiable) == 1:   # np.sum(x, axis): x's alone
         cts = tuple(cts if i == differentiable[0] else None for i in range(n))
     if n > 1 and (not isinstance(cts, (tuple, list)) or len(cts) != n):
@@ -126,7 +126,7 @@ def _arg_cotangents(name, args, cts):
     for i, (arg, ct) in enumerate(zip(args, (cts,) if n == 1 else cts)):
         where = f"pullback of {name}: the cotangent of argument {i}"
         leaves = leaves_like(arg, ct, where)
-        for leaf, c in zip(flatten(arg, static_ok=True)[0], leaves):
+        for leaf, c in zip(arg_leaves[i], leaves):
             if c is not None and np.shape(c) != np.shape(leaf):
                 raise DifferentiationError(f"{where} has shape {np.shape(c)}, but the argument has shape {np.shape(leaf)}")
         per_arg.append(leaves)
@@ -164,12 +164,11 @@ def _cotangent_like(value, g):
     leaves, rebuild = flatten(value, static_ok=True)
     return rebuild([_zeros_like(leaf) if c is None else c for leaf, c in zip(leaves, g.cts)])
 
+_STRUCTURES = (tuple, list, dict, Differentiable)
+
 def _has_traced(x):
     "Is `x`, or a leaf of the structure `x`, a traced value?"
-    return type(x) is Traced or (isinstance(x, (tuple, list, dict, Differentiable))
-                                 and any(type(l) is Traced for l in flatten(x, static_ok=True)[0]))
-
-_STRUCTURES = (tuple, list, dict, Differentiable)
+    return type(x) is Traced or (isinstance(x, _STRUCTURES) and any(type(l) is Traced for l in flatten(x, static_ok=True)[0]))
 
 class CustomFunction(Primitive):
     """A function with a derivative of your own (from `differentiable_function`). Array arguments take the
