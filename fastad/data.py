@@ -9,7 +9,7 @@ __all__ = ['MNIST_FILES', 'MIRRORS', 'mnist_path', 'read_idx', 'download', 'fetc
 import gzip, hashlib, os, struct, tempfile, urllib.request
 from pathlib import Path
 import numpy as np
-from .errors import DataError
+from .errors import ArgumentError, DataError
 from .backend import to_device
 
 # %% ../nbs/00b_data.ipynb #01c550d4
@@ -58,10 +58,10 @@ def _sha256(path):
 def download(url, dest, sha256, size=None, timeout=10, verbose=True):
     "Download `url` to `dest` atomically, verifying its size and SHA-256; returns `dest`."
     from tqdm import tqdm                             # the text bar: shown in terminals and JupyterLab alike
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f'.{dest.name}.', suffix='.part')
-    try:
+    dest, tmp = Path(dest), None
+    try:                                              # an unwritable cache folder is a DataError too: the fallback runs
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f'.{dest.name}.', suffix='.part')
         with os.fdopen(fd, 'wb') as out, urllib.request.urlopen(url, timeout=timeout) as response:
             declared = int(response.headers.get('Content-Length') or 0) or None
             with tqdm(total=declared or size, unit='B', unit_scale=True, desc=dest.name, disable=not verbose, leave=False) as bar:
@@ -78,7 +78,7 @@ def download(url, dest, sha256, size=None, timeout=10, verbose=True):
     except DataError: raise
     except Exception as e: raise DataError(f"download {url}: {type(e).__name__}: {e}") from None
     finally:
-        if os.path.exists(tmp): os.remove(tmp)
+        if tmp is not None and os.path.exists(tmp): os.remove(tmp)
 
 def fetch_mnist_file(name, folder=None, mirrors=MIRRORS, verbose=True):
     "Path of MNIST file `name` (a key of MNIST_FILES) in the cache, downloading it if missing or corrupt."
@@ -107,6 +107,10 @@ _unreachable = set()     # mirror lists that failed in this process: don't wait 
 
 def load_mnist(flat=True, path=None, download=True, verbose=True, mirrors=MIRRORS):
     "`(x_train, y_train, x_valid, y_valid)`: float32 images in [0, 1] (flat or 28 x 28) and int64 labels."
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ArgumentError(f"load_mnist: path must be a folder name (a str or Path), got {type(path).__name__}")
+    if isinstance(mirrors, (str, bytes)) or not all(isinstance(m, str) for m in mirrors or [None]):
+        raise ArgumentError(f"load_mnist: mirrors must be a list of URL prefixes (str), got {mirrors!r}")
     try:
         if not download or tuple(mirrors) in _unreachable:
             paths = {k: mnist_path(path) / f for k, (f, _, _) in MNIST_FILES.items()}

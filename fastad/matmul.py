@@ -7,7 +7,7 @@ __all__ = ['check_matmul', 'matmul_loops', 'matmul_rows', 'matmul_broadcast', 'm
 
 # %% ../nbs/01_matmul.ipynb #57afc032
 from .backend import array_module
-from .errors import FastADError, HostTransferError, ShapeError
+from .errors import ArgumentError, FastADError, HostTransferError, ShapeError
 
 # %% ../nbs/01_matmul.ipynb #42d77a81
 def check_matmul(op, a, b):
@@ -16,6 +16,7 @@ def check_matmul(op, a, b):
         if getattr(x, "ndim", None) != 2:
             got = f"shape {tuple(x.shape)}" if hasattr(x, "shape") else f"a {type(x).__name__}"
             raise ShapeError(f"{op}: {name} must be a 2-d array, got {got}")
+        if x.dtype.kind not in 'biufc': raise ArgumentError(f"{op}: {name} must hold numbers, got dtype {x.dtype}")
     (n, k), (k2, m) = a.shape, b.shape
     if k != k2:
         raise ShapeError(f"{op}: cannot multiply a {tuple(a.shape)} by b {tuple(b.shape)}: inner dimensions differ")

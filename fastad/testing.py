@@ -7,7 +7,7 @@ __all__ = ['test_near_zero', 'test_same']
 
 # %% ../nbs/00d_testing.ipynb #f2b72367
 import numpy as np
-from fastcore.test import test_eq, test_close
+from fastcore.test import test_close
 from .backend import to_host
 
 # %% ../nbs/00d_testing.ipynb #f7db25b5
@@ -19,5 +19,5 @@ def test_near_zero(a, tol=1e-3):
 def test_same(a, b, tol=1e-3):
     "Assert `a` and `b` have the same shape, then the same values within `tol`."
     a, b = to_host(a), to_host(b)
-    test_eq(np.shape(a), np.shape(b))
+    assert np.shape(a) == np.shape(b), f"test_same: shapes differ: {np.shape(a)} vs {np.shape(b)}"
     test_close(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), eps=tol)

@@ -25,7 +25,10 @@ class Timing:
 
 def timed(f, repeat=10, warmup=1, label=None, quiet=False):
     "Time `f()` over `repeat` runs after `warmup` runs; print average, min and max (ms) unless `quiet`."
-    if not isinstance(repeat, int) or repeat < 1: raise ArgumentError(f"timed: repeat must be a whole number of at least 1, got {repeat!r}")
+    if not callable(f): raise ArgumentError(f"timed: f must be a function to call, got {type(f).__name__}")
+    for name, n, least in (('repeat', repeat, 1), ('warmup', warmup, 0)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < least:
+            raise ArgumentError(f"timed: {name} must be a whole number of at least {least}, got {n!r}")
     for _ in range(warmup): f()
     synchronize()
     t = Timing()

@@ -9,6 +9,7 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
 import dataclasses, inspect, sys, types, warnings
 import numpy as np
+from .backend import array_module
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
 from . import engine
 from .engine import Trace, Traced, apply, backward, unbox
@@ -41,9 +42,13 @@ def _as_gradient(ct, primal, seen):
 def _name(f): return getattr(f, '__name__', type(f).__name__)
 
 def _cast_like(c, value):
-    "Cotangent `c` in the dtype of `value`, so a float32 backward pass stays float32."
+    """Cotangent `c` in the dtype of `value`, so a float32 backward pass stays float32; a scalar cotangent for
+    a device array moves to the device (else a pullback like `mean`'s would broadcast it on the host)."""
     dtype = getattr(value, 'dtype', None)
-    if dtype is None or type(c) is Traced or getattr(c, 'dtype', None) == dtype: return c
+    if dtype is None or type(c) is Traced: return c
+    module = array_module(value)
+    if module is not np and np.ndim(c) == 0 and array_module(c) is not module: return module.asarray(c, dtype=dtype)
+    if getattr(c, 'dtype', None) == dtype: return c
     return c.astype(dtype) if hasattr(c, 'astype') else np.dtype(dtype).type(c)
 
 def value_with_pullback(f, *args):

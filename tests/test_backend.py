@@ -11,7 +11,23 @@ def run_python(code, **env):
     return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **env})
 
-def test_default_is_numpy(): assert B.get_backend() == 'numpy' and B.xp() is np
+@pytest.fixture(autouse=True)
+def start_on_numpy(monkeypatch):
+    "Each test starts on NumPy with no FASTAD_BACKEND set, whatever backend the suite itself runs under."
+    monkeypatch.delenv('FASTAD_BACKEND', raising=False)
+    with B.use_backend('numpy'): yield
+
+def test_default_is_numpy():
+    out = run_python("import fastad, numpy; print(fastad.get_backend(), fastad.backend.xp() is numpy)")
+    assert out.returncode == 0 and out.stdout.split() == ['numpy', 'True']
+
+def test_lessons_toggle_off_keeps_the_environments_backend():
+    code = "import fastad; print(fastad.backend.use_gpu(False), fastad.backend.environment_backend())"
+    assert run_python(code, FASTAD_BACKEND=' Strict ').stdout.split() == ['strict', 'strict']
+    assert run_python(code).stdout.split() == ['numpy', 'None']
+
+def test_backend_names_ignore_case_and_spaces():
+    with B.use_backend(' STRICT '): assert B.get_backend() == 'strict'
 
 def test_set_backend_returns_previous_and_switches():
     assert B.set_backend('strict') == 'numpy'
@@ -88,3 +104,37 @@ def test_synchronize_is_harmless_on_cpu(any_backend): B.synchronize()
 def test_public_names_are_exported():
     for name in ('set_backend', 'use_backend', 'get_backend', 'use_gpu', 'gpu_available', 'to_host', 'to_device'):
         assert callable(getattr(fastad, name))
+
+def test_timed_waits_for_the_device_before_every_clock_read(monkeypatch):
+    from fastad import timing
+    events = []
+    monkeypatch.setattr(timing, 'synchronize', lambda: events.append('sync'))
+    clock = timing.time.perf_counter
+    monkeypatch.setattr(timing.time, 'perf_counter', lambda: events.append('clock') or clock())
+    timing.timed(lambda: events.append('run'), repeat=3, warmup=1, quiet=True)
+    # warm-up, wait; then for each run: clock, run, wait, clock
+    assert events == ['run', 'sync'] + ['clock', 'run', 'sync', 'clock'] * 3
+
+def test_synchronize_waits_only_once_cupy_is_in_use(monkeypatch):
+    waited = []
+    fake = type(sys)('cupy')
+    fake.cuda = type(sys)('cupy.cuda')
+    fake.cuda.get_current_stream = lambda: type('Stream', (), {'synchronize': lambda self: waited.append(1)})()
+    monkeypatch.setitem(sys.modules, 'cupy', fake)
+    B.synchronize(); assert waited == []                  # CuPy imported but never used as a backend: nothing to wait for
+    monkeypatch.setattr(B, '_cupy_loaded', True)
+    B.synchronize(); assert waited == [1]                 # used once: arrays may be on the GPU, whatever is active now
+
+def test_creation_refuses_what_is_not_an_array_of_numbers(any_backend):
+    from fastad.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="to_device: x holds <U1 values, not numbers"): B.to_device(['a', 'b'])
+    with pytest.raises(ArgumentError, match="to_device: cannot make an array of numbers from list"): B.to_device([[1.0], [1.0, 2.0]])
+    with pytest.raises(ArgumentError, match=r"ones: shape must be .* got \(2, -1\)"): B.ones((2, -1))
+    with pytest.raises(ArgumentError, match="random_normal: dtype must be a floating-point type"): B.random_normal(2, dtype=np.int32)
+    assert B.array_module(B.random_normal(2, rng=np.random.default_rng(0))) is B.xp()
+
+def test_to_host_keeps_named_tuples():
+    from collections import namedtuple
+    P = namedtuple('P', 'a b')
+    with B.use_backend('strict'): back = B.to_host(P(B.ones(2), 3))
+    assert type(back) is P and type(back.a) is np.ndarray and back.b == 3

