@@ -117,8 +117,17 @@ def _shape(op, shape):
         raise ArgumentError(f"{op}: shape must be a size or a tuple of sizes (whole numbers, 0 or more), got {shape!r}")
     return sizes
 
-def zeros(shape, dtype=np.float32): return xp().zeros(_shape('zeros', shape), dtype=dtype)
-def ones(shape, dtype=np.float32): return xp().ones(_shape('ones', shape), dtype=dtype)
+def _dtype(op, dtype, kinds='biufc'):
+    "`dtype` as a NumPy dtype of numbers (of `kinds`), or an ArgumentError naming `op`."
+    try: d = np.dtype(dtype)
+    except TypeError: d = None
+    if d is None or d.kind not in kinds:
+        raise ArgumentError(f"{op}: dtype must be a {'floating-point' if kinds == 'f' else 'numeric'} type, "
+                            f"got {d if d is not None else repr(dtype)}")
+    return d
+
+def zeros(shape, dtype=np.float32): return xp().zeros(_shape('zeros', shape), dtype=_dtype('zeros', dtype))
+def ones(shape, dtype=np.float32): return xp().ones(_shape('ones', shape), dtype=_dtype('ones', dtype))
 def arange(*args, dtype=None): return xp().arange(*args, dtype=dtype)
 
 def asarray(x, dtype=None):
@@ -153,9 +162,10 @@ def manual_seed(seed):
 
 def random_normal(shape, dtype=np.float32, rng=None):
     "Standard normal samples of `shape` from `rng` (or the module-level generator), on the active device."
-    if np.dtype(dtype).kind != 'f':
-        raise ArgumentError(f"random_normal: dtype must be a floating-point type, got {np.dtype(dtype)}")
+    dtype = _dtype('random_normal', dtype, kinds='f')
     if rng is None: rng = _rng.setdefault(get_backend(), default_rng())
+    if not hasattr(rng, 'standard_normal'):
+        raise ArgumentError(f"random_normal: rng must be a random generator (default_rng(seed)), got {type(rng).__name__}")
     sizes = _shape('random_normal', shape)
     a = rng.standard_normal(sizes, dtype=dtype) if dtype in (np.float32, np.float64) else rng.standard_normal(sizes).astype(dtype)
     return a if array_module(a) is xp() else asarray(a)      # another module's generator: moved, explicitly

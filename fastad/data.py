@@ -80,8 +80,20 @@ def download(url, dest, sha256, size=None, timeout=10, verbose=True):
     finally:
         if tmp is not None and os.path.exists(tmp): os.remove(tmp)
 
+def _mirror_list(op, mirrors):
+    "`mirrors` as a tuple of URL prefixes, or an ArgumentError naming `op`."
+    if isinstance(mirrors, (str, bytes)) or not hasattr(mirrors, '__iter__'):
+        raise ArgumentError(f"{op}: mirrors must be a list of URL prefixes (str), got {mirrors!r}")
+    mirrors = tuple(mirrors)                               # a generator would be used up by the first look
+    if not mirrors or not all(isinstance(m, str) for m in mirrors):
+        raise ArgumentError(f"{op}: mirrors must be a list of URL prefixes (str), got {mirrors!r}")
+    return mirrors
+
 def fetch_mnist_file(name, folder=None, mirrors=MIRRORS, verbose=True):
     "Path of MNIST file `name` (a key of MNIST_FILES) in the cache, downloading it if missing or corrupt."
+    if name not in MNIST_FILES:
+        raise ArgumentError(f"fetch_mnist_file: name must be one of {', '.join(MNIST_FILES)}, got {name!r}")
+    mirrors = _mirror_list('fetch_mnist_file', mirrors)
     fname, size, sha = MNIST_FILES[name]
     dest = mnist_path(folder) / fname
     if dest.exists() and dest.stat().st_size == size and _sha256(dest) == sha: return dest
@@ -103,21 +115,21 @@ def mnist_sample(seed=0):
     return x[train], y[train], x[valid], y[valid]
 
 # %% ../nbs/00b_data.ipynb #c549e21e
-_unreachable = set()     # mirror lists that failed in this process: don't wait on them again
+_unreachable = set()     # (mirrors, folder) pairs that failed in this process: don't wait on them again
 
 def load_mnist(flat=True, path=None, download=True, verbose=True, mirrors=MIRRORS):
     "`(x_train, y_train, x_valid, y_valid)`: float32 images in [0, 1] (flat or 28 x 28) and int64 labels."
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ArgumentError(f"load_mnist: path must be a folder name (a str or Path), got {type(path).__name__}")
-    if isinstance(mirrors, (str, bytes)) or not all(isinstance(m, str) for m in mirrors or [None]):
-        raise ArgumentError(f"load_mnist: mirrors must be a list of URL prefixes (str), got {mirrors!r}")
+    mirrors = _mirror_list('load_mnist', mirrors)
+    attempt = (mirrors, str(mnist_path(path)))            # what failed: these mirrors, into this folder
     try:
-        if not download or tuple(mirrors) in _unreachable:
+        if not download or attempt in _unreachable:
             paths = {k: mnist_path(path) / f for k, (f, _, _) in MNIST_FILES.items()}
             if not all(p.exists() for p in paths.values()): raise DataError("MNIST is not in the cache")
         else:
             try: paths = {k: fetch_mnist_file(k, path, mirrors, verbose) for k in MNIST_FILES}
-            except DataError: _unreachable.add(tuple(mirrors)); raise
+            except DataError: _unreachable.add(attempt); raise
         xt, yt, xv, yv = (read_idx(paths[k]) for k in ('train_images', 'train_labels', 'valid_images', 'valid_labels'))
     except DataError as e:
         xt, yt, xv, yv = mnist_sample()

@@ -14,6 +14,7 @@ __all__ = ['UFUNC_PRIMITIVES', 'FUNCTION_PRIMITIVES', 'scatter_add', 'relu', 'lo
 
 # %% ../nbs/03a_primitives.ipynb #9aad28b4
 import numpy as np
+from .backend import array_module
 from .errors import DifferentiationError, NoDerivativeError
 
 # %% ../nbs/03a_primitives.ipynb #aca7407e
@@ -92,9 +93,12 @@ def negative_vwc(x): return -x, lambda g: -g
 @defvwc(np.positive, unary=True)
 def positive_vwc(x): return x, lambda g: g
 
-def as_mask(m):
-    "`m` as booleans of its own array module, so `~m` is a logical not (on a Python bool, `~True` is -2)."
-    return m.astype(bool, copy=False) if hasattr(m, 'astype') else np.asarray(m, dtype=bool)   # a bool array: no copy
+def as_mask(m, like=None):
+    """`m` as booleans, so `~m` is a logical not (on a Python bool, `~True` is -2): an array stays in its module,
+    a Python bool becomes a NumPy bool scalar (which every module accepts), a list an array of `like`'s module."""
+    if hasattr(m, 'astype'): return m.astype(bool, copy=False)          # a bool array: no copy
+    if np.ndim(m) == 0: return np.bool_(m)
+    return array_module(like).asarray(m, dtype=bool)
 
 @defvwc(np.maximum, broadcasts=True)
 def maximum_vwc(x, y):
@@ -307,7 +311,7 @@ def stack_vwc(*xs, axis=0):
 # %% ../nbs/03a_primitives.ipynb #5d8be29c
 @defvwc(np.where)
 def where_vwc(cond, x, y):
-    cond = as_mask(cond)                              # np.where treats any nonzero as True; so must ~cond
+    cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond
     return np.where(cond, x, y), (None, lambda g: unbroadcast(g * cond, np.shape(x)),
                                         lambda g: unbroadcast(g * ~cond, np.shape(y)))
 

@@ -7,9 +7,9 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
            'differentiable_function', 'derivative', 'without_derivative', 'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
-import dataclasses, inspect, sys, types, warnings
+import copy, dataclasses, inspect, sys, types, warnings
 import numpy as np
-from .backend import array_module
+from .backend import array_module, is_array, to_host
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
 from . import engine
 from .engine import Trace, Traced, apply, backward, unbox
@@ -29,10 +29,11 @@ def _as_gradient(ct, primal, seen):
     "Give cotangent `ct` the type, dtype and shape of `primal`, owning its memory."
     if ct is None: return _zeros_like(primal)
     if type(ct) is Traced or type(primal) is Traced: return ct      # inside a nested transform: stays traced
-    if type(primal) is float: return float(ct)
-    if isinstance(primal, np.generic): return type(primal)(ct)
-    if isinstance(primal, np.ndarray) and not isinstance(ct, np.ndarray):      # a 0-d array, not a NumPy scalar
-        ct = np.array(ct, dtype=primal.dtype)
+    if type(primal) is float: return float(to_host(ct))
+    if isinstance(primal, np.generic): return type(primal)(to_host(ct))      # a 0-d device value, read back on purpose
+    module = array_module(primal)
+    if np.ndim(ct) == 0 and not (is_array(ct) and array_module(ct) is module):   # a scalar: an array of primal's kind
+        ct = module.asarray(ct, dtype=primal.dtype)
     if np.shape(ct) != primal.shape: ct = np.broadcast_to(ct, primal.shape)
     if getattr(ct, 'dtype', None) != primal.dtype: ct = ct.astype(primal.dtype)
     elif getattr(ct, 'base', None) is not None or id(ct) in seen: ct = ct.copy()
@@ -180,14 +181,19 @@ class CustomFunction(Primitive):
     engine's fast path; structured ones (a model and its input, say) are flattened to their leaves, and a
     structured result (a tuple, say) is split into one traced value per output."""
     def __call__(self, *args, **kwargs):
-        if kwargs or (self.arity is not None and len(args) < self.arity): args, kwargs = self._positional(args, kwargs)
+        if kwargs or (self.arity is not None and len(args) != self.arity): args, kwargs = self._positional(args, kwargs)
         if any(isinstance(a, _STRUCTURES) for a in args):
             leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
             if not any(type(l) is Traced for l in leaves):
                 return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
             result = apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
         else: result = super().__call__(*args, **kwargs)
-        if type(result) is not Traced or not isinstance(result.value, _STRUCTURES): return result
+        if type(result) is not Traced: return result
+        if any(type(v) is Traced and v.trace is result.trace for v in flatten(result.value, static_ok=True)[0]):
+            raise DifferentiationError(f"{self.name}: its VJP computed its value from a traced value it was not given "
+                                       f"(through a closure or an object's field), whose derivative would be lost; "
+                                       f"pass that value as an argument")
+        if not isinstance(result.value, _STRUCTURES): return result
         outputs, rebuild_outputs = flatten(result.value, where=f"the result of {self.name}", static_ok=True)
         return rebuild_outputs([apply(_part, (result,), dict(i=i, n=len(outputs))) for i in range(len(outputs))])
 
@@ -215,14 +221,21 @@ def differentiable_function(vjp, name=None, forward=None):
     for one that gets none; just the one when only one argument is differentiable, as `x` in `f(x, axis)`).
     Arguments and the value may be structures (tuples, dicts, `Differentiable` models): a cotangent then has
     the structure of what it belongs to, and `None` stands for zeros."""
+    if not callable(vjp): raise DifferentiationError(f"differentiable_function: vjp must be a function, not {_describe(vjp)}")
     name = name or _name(vjp)
+    def checked_vjp(*xs, **kwargs):
+        out = vjp(*xs, **kwargs)
+        if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
+            raise DifferentiationError(f"{name}: a VJP returns (value, pullback), with a function as pullback; got "
+                                       f"{_describe(out)}. Pass the VJP, not the plain function")
+        return out
     def vwc(*xs, **kwargs):
-        value, pb = vjp(*xs, **kwargs)
+        value, pb = checked_vjp(*xs, **kwargs)
         def cotangents(g): return [leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(_cotangent_like(value, g)))]
         return value, _split_chain(cotangents, len(xs))
     def structured_vwc(*leaves, rebuild, kwargs):
         args = rebuild(leaves)
-        value, pb = vjp(*args, **kwargs)
+        value, pb = checked_vjp(*args, **kwargs)
         def cotangents(g): return [c for per_arg in _arg_cotangents(name, args, pb(_cotangent_like(value, g))) for c in per_arg]
         return value, _split_chain(cotangents, len(leaves))
     vwc.__doc__ = vjp.__doc__
@@ -294,18 +307,31 @@ def _stop(x):
 
 def without_derivative(x):
     """`x` as a constant: no derivative flows through it, in any transform. Saying so also silences the
-    warning that a result does not depend on the differentiated arguments."""
-    if isinstance(x, Traced): return _stop(x)
-    if isinstance(x, (tuple, list, dict)) or dataclasses.is_dataclass(x):
-        leaves, rebuild = flatten(x, where='without_derivative', static_ok=True)
-        return rebuild([_stop(l) for l in leaves])
+    warning that a result does not depend on the differentiated arguments. Looks inside tuples, lists, dicts
+    and dataclasses."""
+    if type(x) is Traced: return _stop(x)
+    if isinstance(x, tuple) and hasattr(x, '_fields'): return type(x)(*map(without_derivative, x))
+    if isinstance(x, (tuple, list)): return type(x)(map(without_derivative, x))
+    if isinstance(x, dict):
+        new = copy.copy(x)
+        new.update({k: without_derivative(v) for k, v in x.items()})
+        return new
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        new = copy.copy(x)
+        for f in dataclasses.fields(x): object.__setattr__(new, f.name, without_derivative(getattr(x, f.name)))
+        return new
     return x
 
 def _hook_vwc(x, *, hook):
     def chain(g):
         if hasattr(g, 'copy'): g = g.copy()               # the hook may write in place: it gets its own array
         replaced = hook(g)
-        return g if replaced is None else replaced
+        if replaced is None: return g
+        if np.ndim(replaced) == 0 and np.ndim(g) != 0: return g * 0 + replaced     # a number: everywhere, on g's device
+        if np.shape(replaced) != np.shape(g):
+            raise DifferentiationError(f"with_derivative: the hook returned shape {np.shape(replaced)} for a cotangent "
+                                       f"of shape {np.shape(g)}")
+        return replaced
     return x, chain
 
 _with_derivative = Primitive('with_derivative', _hook_vwc, unary=True)

@@ -138,3 +138,9 @@ def test_to_host_keeps_named_tuples():
     P = namedtuple('P', 'a b')
     with B.use_backend('strict'): back = B.to_host(P(B.ones(2), 3))
     assert type(back) is P and type(back.a) is np.ndarray and back.b == 3
+
+def test_creation_refuses_bad_dtypes_and_generators():
+    from fastad.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="zeros: dtype must be a numeric type, got 'floot'"): B.zeros(2, dtype='floot')
+    with pytest.raises(ArgumentError, match="ones: dtype must be a numeric type, got object"): B.ones(2, dtype=object)
+    with pytest.raises(ArgumentError, match="random_normal: rng must be a random generator"): B.random_normal(2, rng=3)

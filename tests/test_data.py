@@ -167,3 +167,24 @@ def test_load_mnist_on_strict_backend(server, fake_mnist, tmp_path):
     for k, (fname, _, _) in files.items(): server.routes[f'/m/{fname}'] = (200, blobs[k], None)
     with use_backend('strict'):
         assert all(type(a) is StrictArray for a in load_mnist(path=tmp_path, mirrors=(server.url + 'm/',), verbose=False))
+
+def test_a_local_failure_does_not_block_the_mirrors_for_another_folder(server, fake_mnist, tmp_path, capsys):
+    blobs, files = fake_mnist
+    for k, (fname, _, _) in files.items(): server.routes[f'/m/{fname}'] = (200, blobs[k], None)
+    mirrors = (server.url + 'm/',)
+    not_a_folder = tmp_path / 'file'
+    not_a_folder.write_bytes(b'')
+    assert load_mnist(path=not_a_folder, mirrors=mirrors)[0].shape == (4000, 784)     # fell back
+    capsys.readouterr()
+    assert load_mnist(path=tmp_path / 'good', mirrors=mirrors, verbose=False)[0].shape == (6, 784)   # downloaded
+
+def test_mirrors_from_a_generator_are_all_tried(server, fake_mnist, tmp_path):
+    blobs, files = fake_mnist
+    for k, (fname, _, _) in files.items(): server.routes[f'/m/{fname}'] = (200, blobs[k], None)
+    assert load_mnist(path=tmp_path, mirrors=(u for u in [server.url + 'm/']), verbose=False)[0].shape == (6, 784)
+
+def test_fetch_mnist_file_refuses_bad_arguments(tmp_path):
+    with pytest.raises(ArgumentError, match="fetch_mnist_file: name must be one of train_images, .*got 'bogus'"):
+        fetch_mnist_file('bogus', tmp_path)
+    with pytest.raises(ArgumentError, match="fetch_mnist_file: mirrors must be a list of URL prefixes"):
+        fetch_mnist_file('valid_labels', tmp_path, mirrors='http://127.0.0.1:1/')

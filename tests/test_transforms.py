@@ -374,3 +374,41 @@ def test_none_stands_for_a_whole_part_of_a_cotangent_and_without_derivative_pass
     pb = fd.pullback(lambda a: {'pair': (a, 2 * a), 'b': 3 * a}, np.ones(2))
     close(pb({'pair': None, 'b': np.ones(2)}), [3.0, 3.0])
     assert fd.gradient(lambda t: fd.without_derivative((t, 3))[0] * 0 + t * 2, 1.0) == 2.0
+
+# --- third review: closures, plain dataclasses, device scalars, checked VJPs ---------------------------------
+def test_a_custom_function_closing_over_a_traced_value_is_refused():
+    def loss(x, y):
+        scale = fd.differentiable_function(lambda a: (a * y, lambda g: g * 3.0), name='scale')
+        return scale(x)
+    with pytest.raises(DifferentiationError, match="scale: its VJP computed its value from a traced value it was not given"):
+        fd.gradient(loss, 2.0, 3.0)
+    ok = fd.differentiable_function(lambda a, y: (a * y, lambda g: (g * y, g * a)), name='ok')   # passed in: fine
+    assert fd.gradient(lambda x, y: ok(x, y), 2.0, 3.0) == (3.0, 2.0)
+
+def test_without_derivative_looks_inside_plain_dataclasses_and_named_tuples():
+    import dataclasses
+    @dataclasses.dataclass
+    class Box:
+        w: object
+    assert fd.gradient(lambda x: fd.without_derivative(Box(x * 2)).w + x, 1.0) == 1.0
+    assert fd.gradient(lambda x: fd.without_derivative(Pair(x, 3)).a * 5 + x, 1.0) == 1.0
+
+def test_scalar_gradients_and_hook_replacements_on_a_device(strict_backend):
+    from fastad.strict import StrictArray
+    x32 = to_device(np.array([1.0, 2.0], np.float32))
+    g = fd.gradient(lambda s: (x32 * s).mean(), np.float32(2.0))
+    assert type(g) is np.float32 and g == np.float32(1.5)
+    one = fd.differentiable_function(lambda a: (a * 2, lambda g: 1.0), name='one')      # a Python float cotangent
+    g0 = fd.gradient(lambda a: one(a), to_device(np.array(3.0, np.float32)))
+    assert type(g0) is StrictArray and g0.dtype == np.float32 and float(g0) == 1.0
+    gh = fd.gradient(lambda a: fd.with_derivative(a, lambda g: 0.5).sum(), to_device(np.ones(3)))
+    assert type(gh) is StrictArray and to_host(gh).tolist() == [0.5, 0.5, 0.5]
+
+def test_vjps_and_hooks_are_checked():
+    with pytest.raises(DifferentiationError, match="a VJP returns \\(value, pullback\\).*Pass the VJP, not the plain function"):
+        fd.differentiable_function(lambda a: (np.sin(a), np.cos(a)), name='plain')(np.array([0.3, 0.4]))
+    with pytest.raises(DifferentiationError, match="differentiable_function: vjp must be a function"): fd.differentiable_function(3)
+    two = fd.differentiable_function(lambda a, b: (a * b, lambda g: (g * b, g * a)), name='two')
+    with pytest.raises(DifferentiationError, match="two: too many positional arguments"): two(1.0, 2.0, 3.0)
+    with pytest.raises(DifferentiationError, match=r"with_derivative: the hook returned shape \(3,\) for a cotangent of shape \(2,\)"):
+        fd.gradient(lambda a: fd.with_derivative(a, lambda g: np.ones(3)).sum(), np.ones(2))
