@@ -101,25 +101,26 @@ def as_mask(m, like=None):
     if np.ndim(m) == 0: return np.bool_(m)
     return array_module(like).asarray(m, dtype=bool)
 
-def _tie_share(wins, ties, like):
-    "1 where the first operand wins, ½ at a tie, 0 where it loses: in the dtype of `like` (float32 stays float32)."
+def _half(like):
+    "0.5 in the dtype of `like`, so a float32 cotangent stays float32."
     dtype = np.result_type(like)
-    if dtype.kind != 'f': dtype = np.dtype(np.float64)
-    return np.add(wins, ties, dtype=dtype) * dtype.type(0.5)     # (x >= y) + (x > y) is 2, 1 or 0
+    return dtype.type(0.5) if dtype.kind == 'f' else 0.5
 
 @defvwc(np.maximum, broadcasts=True)
 def maximum_vwc(x, y):
     "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
     ans = np.maximum(x, y)
-    share = _tie_share(x >= y, x > y, ans)
-    return ans, (lambda g: g * share, lambda g: g * (1 - share))
+    twice = np.add(x >= y, x > y, dtype=np.int8)      # twice x's share: 2 where x wins, 1 at a tie; one byte each
+    half = _half(ans)
+    return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
 
 @defvwc(np.minimum, broadcasts=True)
 def minimum_vwc(x, y):
     "Elementwise minimum; a tie splits the cotangent ½/½ between x and y."
     ans = np.minimum(x, y)
-    share = _tie_share(x <= y, x < y, ans)
-    return ans, (lambda g: g * share, lambda g: g * (1 - share))
+    twice = np.add(x <= y, x < y, dtype=np.int8)
+    half = _half(ans)
+    return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
 
 # %% ../nbs/03a_primitives.ipynb #d9c54603
 @defvwc(np.exp, unary=True)
