@@ -8,6 +8,6 @@ from .backend import set_backend, use_backend, get_backend, use_gpu, gpu_availab
 from .primitives import relu, logsumexp, log_softmax
 from .engine import trace, trace_primitives
 from .tree import Differentiable, nondifferentiable
-from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
+from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from . import backend, primitives, engine, transforms
