@@ -7,7 +7,7 @@ __all__ = ['Differentiable', 'nondifferentiable', 'is_container', 'items', 'rebu
            'leaves_like']
 
 # %% ../nbs/03c_tree.ipynb #ee1056ad
-import copy, dataclasses, numbers
+import copy, dataclasses, inspect, numbers, weakref
 import numpy as np
 from .errors import DifferentiationError
 
@@ -55,7 +55,19 @@ def rebuilt(x, values):
         return new
     if isinstance(x, tuple) and hasattr(x, '_fields'): return kind(*values)      # a named tuple
     if isinstance(x, (tuple, list)): return kind(values)
-    return kind(**{f.name: v for f, v in zip(_init_fields(x), values)})
+    fields = {f.name: v for f, v in zip(_init_fields(x), values)}
+    if _takes_its_fields(kind, fields): return kind(**fields)
+    new = copy.copy(x)                            # an __init__ of its own that does not take the fields: copied, field by field
+    for name, v in fields.items(): object.__setattr__(new, name, v)
+    return new
+
+_TAKES_FIELDS = weakref.WeakKeyDictionary()       # class -> can its constructor be called with its fields by name?
+
+def _takes_its_fields(cls, fields):
+    if cls not in _TAKES_FIELDS:
+        try: inspect.signature(cls).bind(**fields); _TAKES_FIELDS[cls] = True
+        except (TypeError, ValueError): _TAKES_FIELDS[cls] = False
+    return _TAKES_FIELDS[cls]
 
 def map_structure(fn, x):
     """`x` with `fn` applied to every item that is not a container (`is_container`), each container rebuilt

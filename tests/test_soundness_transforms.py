@@ -262,3 +262,20 @@ def test_registration_errors_are_clear():
         with pytest.raises(DifferentiationError, match="one: its pullback must take one argument, the cotangent"):
             fd.gradient(one, 1.0)
     assert one(2.0) == 6.0
+
+class Sized(fd.Differentiable):
+    w: np.ndarray
+    def __init__(self, n): object.__setattr__(self, 'w', np.ones(n))      # an __init__ that does not take the field
+
+def test_a_model_whose_init_does_not_take_its_fields_is_copied_field_by_field():
+    g = fd.gradient(lambda m: (m.w * 3).sum(), Sized(2))
+    assert type(g) is Sized
+    close(g.w, [3.0, 3.0])
+
+def test_map_structure_with_unbox_strips_every_level():
+    from fastad.engine import unbox
+    def inner(m): 
+        plain = map_structure(unbox, {'m': m, 't': (m.w, 2)})
+        assert type(plain['m']) is Model and type(plain['m'].w) is np.ndarray and plain['t'][1] == 2
+        return (m.w ** 2).sum()
+    close(fd.gradient(lambda m: fd.gradient(inner, m).w.sum(), Model(np.ones(2))).w, [2.0, 2.0])
