@@ -7,7 +7,8 @@ from .errors import *
 from .backend import set_backend, use_backend, get_backend, use_gpu, gpu_available, to_host, to_device
 from .primitives import relu, logsumexp, log_softmax
 from .engine import trace, trace_primitives
+from . import dispatch                    # registers the NumPy adapters in the engine's table
 from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
-from . import backend, primitives, engine, transforms
+from . import backend, primitives, engine, dispatch, transforms
