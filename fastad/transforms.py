@@ -56,6 +56,10 @@ def _cast_like(c, value):
 def value_with_pullback(f, *args):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
     `args` (a tuple when there are several). It can be called many times."""
+    return _value_with_pullback(f, args)
+
+def _value_with_pullback(f, args, once=False):
+    "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
     if not callable(f): raise DifferentiationError(f"value_with_pullback: f must be callable, not {_describe(f)}")
     if not args: raise DifferentiationError(f"value_with_pullback: no arguments given to differentiate {_name(f)} at")
     primals, rebuild = flatten(args, where=f'argument', arguments=True)
@@ -68,7 +72,7 @@ def value_with_pullback(f, *args):
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
                       f"derivative is always zero; if that is intended, say so with without_derivative",
-                      ZeroDerivativeWarning, stacklevel=3)
+                      ZeroDerivativeWarning, stacklevel=4)
 
     def pullback(cotangent):
         cts = leaves_like(out, cotangent, f"pullback of {_name(f)}: the cotangent")   # matched by key, not position
@@ -80,7 +84,7 @@ def value_with_pullback(f, *args):
                                            f"the result has shape {np.shape(o.value)}")
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
-        cts = backward(trace, seeds) if seeds else [None] * len(primals)
+        cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
         grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)])
         return grads[0] if len(args) == 1 else grads
@@ -106,7 +110,7 @@ def _seed(value, f):
 def value_with_gradient(f, *args):
     """`(f(*args), gradient)` for a function `f` with a scalar result; one gradient per argument (a tuple
     when there are several), each shaped like its argument."""
-    value, pb = value_with_pullback(f, *args)
+    value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
     return value, pb(_seed(value, f))
 
 def gradient(f, *args):
