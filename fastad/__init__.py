@@ -9,6 +9,6 @@ from .primitives import relu, logsumexp, log_softmax
 from .engine import trace, trace_primitives
 from . import dispatch                    # registers the NumPy adapters in the engine's table
 from .tree import Differentiable, nondifferentiable
-from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
+from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from . import backend, primitives, engine, dispatch, transforms

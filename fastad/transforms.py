@@ -4,17 +4,18 @@
 
 # %% auto #0
 __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_with_gradient', 'gradient', 'CustomFunction',
-           'differentiable_function', 'derivative', 'without_derivative', 'with_derivative']
+           'differentiable_function', 'Registration', 'derivative', 'registered_derivative', 'without_derivative',
+           'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
-import copy, dataclasses, inspect, sys, types, warnings
+import functools, inspect, sys, threading, types, warnings
 import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
 from . import engine
 from .engine import Trace, Traced, apply, backward, unbox
 from .errors import DifferentiationError, NonScalarOutputError
-from .tree import Differentiable, nondifferentiable, flatten, leaves_like, _describe
+from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, items, map_structure, _describe
 
 # %% ../nbs/03d_transforms.ipynb #edc2afa1
 class ZeroDerivativeWarning(UserWarning):
@@ -55,6 +56,10 @@ def _cast_like(c, value):
 def value_with_pullback(f, *args):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
     `args` (a tuple when there are several). It can be called many times."""
+    return _value_with_pullback(f, args)
+
+def _value_with_pullback(f, args, once=False):
+    "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
     if not callable(f): raise DifferentiationError(f"value_with_pullback: f must be callable, not {_describe(f)}")
     if not args: raise DifferentiationError(f"value_with_pullback: no arguments given to differentiate {_name(f)} at")
     primals, rebuild = flatten(args, where=f'argument', arguments=True)
@@ -67,7 +72,7 @@ def value_with_pullback(f, *args):
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
                       f"derivative is always zero; if that is intended, say so with without_derivative",
-                      ZeroDerivativeWarning, stacklevel=3)
+                      ZeroDerivativeWarning, stacklevel=4)
 
     def pullback(cotangent):
         cts = leaves_like(out, cotangent, f"pullback of {_name(f)}: the cotangent")   # matched by key, not position
@@ -79,7 +84,7 @@ def value_with_pullback(f, *args):
                                            f"the result has shape {np.shape(o.value)}")
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
-        cts = backward(trace, seeds) if seeds else [None] * len(primals)
+        cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
         grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)])
         return grads[0] if len(args) == 1 else grads
@@ -92,7 +97,7 @@ def pullback(f, *args):
 # %% ../nbs/03d_transforms.ipynb #c7652e1d
 def _seed(value, f):
     "The cotangent 1 for a scalar result; an error for anything else."
-    structured = isinstance(value, (tuple, list, dict, Differentiable))
+    structured = is_container(value)
     if structured or np.ndim(unbox(value)) != 0:
         what = f"a {type(value).__name__}" if structured else f"shape {np.shape(unbox(value))}"
         raise NonScalarOutputError(
@@ -105,7 +110,7 @@ def _seed(value, f):
 def value_with_gradient(f, *args):
     """`(f(*args), gradient)` for a function `f` with a scalar result; one gradient per argument (a tuple
     when there are several), each shaped like its argument."""
-    value, pb = value_with_pullback(f, *args)
+    value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
     return value, pb(_seed(value, f))
 
 def gradient(f, *args):
@@ -141,13 +146,15 @@ def _arg_cotangents(name, args, cts):
 def _split_chain(pullback, n):
     """Per-input chains from a pullback returning all `n` cotangents. A backward sweep calls the chains of one
     step one after another with the same cotangent, so the pullback runs once per sweep: each chain takes its
-    share of the last result, and a chain asking again (the next sweep) runs the pullback anew."""
-    last = [None, None, set()]                          # cotangent, pullback(cotangent), chains still to serve
+    share of the last result, and a chain asking again (the next sweep) runs the pullback anew. The memo is
+    the thread's own: sweeps of one pullback may run in several threads at once."""
+    memo = threading.local()                            # .g, .cts = pullback(g), .pending: chains still to serve
     def chain(i):
         def chain_i(g):
-            if last[0] is not g or i not in last[2]: last[:] = g, pullback(g), set(range(n))
-            last[2].discard(i)
-            return last[1][i]
+            if getattr(memo, 'g', None) is not g or i not in memo.pending:
+                memo.g, memo.cts, memo.pending = g, pullback(g), set(range(n))
+            memo.pending.discard(i)
+            return memo.cts[i]
         return chain_i
     return tuple(chain(i) for i in range(n))
 
@@ -168,13 +175,38 @@ def _cotangent_like(value, g):
     "The cotangent `g` of a custom function's result, in the result's own structure (zeros for unused outputs)."
     if type(g) is not _Parts: return g
     leaves, rebuild = flatten(value, static_ok=True)
-    return rebuild([_zeros_like(leaf) if c is None else c for leaf, c in zip(leaves, g.cts)])
-
-_STRUCTURES = (tuple, list, dict, Differentiable)
+    return rebuild([_zeros_like(unbox(leaf)) if c is None else c for leaf, c in zip(leaves, g.cts)])
 
 def _has_traced(x):
-    "Is `x`, or a leaf of the structure `x`, a traced value?"
-    return type(x) is Traced or (isinstance(x, _STRUCTURES) and any(type(l) is Traced for l in flatten(x, static_ok=True)[0]))
+    "Is `x`, or an item of the structure `x`, a traced value?"
+    return type(x) is Traced or (is_container(x) and any(_has_traced(v) for _, v in items(x)))
+
+def _traces(x):
+    "The traces `x` takes part in: those of its traced leaves, at every level under each."
+    found = set()
+    for leaf in (flatten(x, static_ok=True)[0] if is_container(x) else (x,)):
+        while type(leaf) is Traced:
+            found.add(leaf.trace)
+            leaf = leaf.value
+    return found
+
+def _refuse_foreign_traces(name, value, args):
+    "A value computed from a traced value that no argument carried (a closure) would lose that value's derivative."
+    if (type(value) is Traced or is_container(value)) and not _traces(value) <= _traces(args):
+        raise DifferentiationError(f"{name}: its VJP computed its value from a traced value it was not given "
+                                   f"(through a closure or an object's field), whose derivative would be lost; "
+                                   f"pass that value as an argument")
+
+def _pullback_of(name, pb):
+    "`pb`, with a clear error when it cannot take the cotangent."
+    def checked(g):
+        try: return pb(g)
+        except TypeError:
+            try: inspect.signature(pb).bind(g)
+            except TypeError: raise DifferentiationError(f"{name}: its pullback must take one argument, the cotangent") from None
+            except ValueError: pass                     # no signature to check against: the error is the pullback's own
+            raise
+    return checked
 
 class CustomFunction(Primitive):
     """A function with a derivative of your own (from `differentiable_function`). Array arguments take the
@@ -182,26 +214,28 @@ class CustomFunction(Primitive):
     structured result (a tuple, say) is split into one traced value per output."""
     def __call__(self, *args, **kwargs):
         if kwargs or (self.arity is not None and len(args) != self.arity): args, kwargs = self._positional(args, kwargs)
-        if any(isinstance(a, _STRUCTURES) for a in args):
+        if any(is_container(a) for a in args):
             leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
-            if not any(type(l) is Traced for l in leaves):
-                return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
+            if not any(type(l) is Traced for l in leaves): return self._plain(args, kwargs)
             result = apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
-        else: result = super().__call__(*args, **kwargs)
-        if type(result) is not Traced: return result
-        if any(type(v) is Traced and v.trace is result.trace for v in flatten(result.value, static_ok=True)[0]):
-            raise DifferentiationError(f"{self.name}: its VJP computed its value from a traced value it was not given "
-                                       f"(through a closure or an object's field), whose derivative would be lost; "
-                                       f"pass that value as an argument")
-        if not isinstance(result.value, _STRUCTURES): return result
+        elif not any(type(a) is Traced for a in args): return self._plain(args, kwargs)
+        else: result = apply(self, args, kwargs)
+        if not is_container(result.value): return result
         outputs, rebuild_outputs = flatten(result.value, where=f"the result of {self.name}", static_ok=True)
         return rebuild_outputs([apply(_part, (result,), dict(i=i, n=len(outputs))) for i in range(len(outputs))])
+
+    def _plain(self, args, kwargs):
+        "The value, outside every transform (or called with constants inside one)."
+        if self.forward is None: return self.vwc(*args, **kwargs)[0]
+        value = self.forward(*args, **kwargs)
+        _refuse_foreign_traces(self.name, value, ())     # the forward reached a traced value by itself: its rule would be skipped
+        return value
 
     def _positional(self, args, kwargs):
         "Every positional parameter, given or defaulted, as a positional argument: the VJP's pullback returns one cotangent each."
         if self.signature is None: return args, kwargs
         try: bound = self.signature.bind(*args, **kwargs)
-        except TypeError as e: raise DifferentiationError(f"{self.name}: {e}") from None
+        except TypeError as e: raise DifferentiationError(f"{self.name}: these arguments do not fit its VJP {self.signature}: {e}") from None
         bound.apply_defaults()
         if any(_has_traced(v) for v in bound.kwargs.values()):
             raise DifferentiationError(f"{self.name}: a keyword-only argument cannot be differentiated; pass it by position")
@@ -223,19 +257,25 @@ def differentiable_function(vjp, name=None, forward=None):
     the structure of what it belongs to, and `None` stands for zeros."""
     if not callable(vjp): raise DifferentiationError(f"differentiable_function: vjp must be a function, not {_describe(vjp)}")
     name = name or _name(vjp)
-    def checked_vjp(*xs, **kwargs):
-        out = vjp(*xs, **kwargs)
+    def value_and_pullback(args, kwargs):
+        """The VJP's value and (checked) pullback. Arguments that still carry outer trace levels get their value
+        from this function itself, so each outer level records this rule, not the VJP's forward code; the
+        pullback, run on those traced values, stays differentiable for higher orders."""
+        out = vjp(*args, **kwargs)
         if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
             raise DifferentiationError(f"{name}: a VJP returns (value, pullback), with a function as pullback; got "
                                        f"{_describe(out)}. Pass the VJP, not the plain function")
-        return out
+        value, pb = out
+        _refuse_foreign_traces(name, value, args)
+        if _has_traced(args): value = fn(*args, **kwargs)
+        return value, _pullback_of(name, pb)
     def vwc(*xs, **kwargs):
-        value, pb = checked_vjp(*xs, **kwargs)
+        value, pb = value_and_pullback(xs, kwargs)
         def cotangents(g): return [leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(_cotangent_like(value, g)))]
         return value, _split_chain(cotangents, len(xs))
     def structured_vwc(*leaves, rebuild, kwargs):
         args = rebuild(leaves)
-        value, pb = checked_vjp(*args, **kwargs)
+        value, pb = value_and_pullback(args, kwargs)
         def cotangents(g): return [c for per_arg in _arg_cotangents(name, args, pb(_cotangent_like(value, g))) for c in per_arg]
         return value, _split_chain(cotangents, len(leaves))
     vwc.__doc__ = vjp.__doc__
@@ -244,60 +284,174 @@ def differentiable_function(vjp, name=None, forward=None):
     fn.signature, fn.arity = _signature(vjp)
     return fn
 
-_REDIRECTED = []        # differentiable versions of redirected Python functions, by index
+# %% ../nbs/03d_transforms.ipynb #b2c4e6f8
+class Registration:
+    """A derivative registered for `of` by `derivative`: `undo()` takes it back, and the rule it replaced (an
+    earlier registration, or none) is used again. As a context manager, it is undone when the block ends."""
+    def __init__(self, of, vjp, function):
+        self.of, self.vjp, self.function, self.active = of, vjp, function, True
+    def undo(self):
+        "Take this derivative back (a second `undo` does nothing)."
+        with _LOCK:
+            if not self.active: return
+            self.active = False
+            _REDIRECTIONS[id(self.of)].remove(self)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.undo()
+    def __repr__(self):
+        state = 'in force' if registered_derivative(self.of) is self else 'active, replaced by a later one' if self.active else 'undone'
+        return f"<derivative of {_name(self.of)} ({_name(self.vjp)}): {state}>"
 
-def _call_redirected(key, args, kwargs): return _REDIRECTED[key](*args, **kwargs)
+_LOCK = threading.RLock()
+_REDIRECTIONS = {}       # id(of) -> the redirection of `of`'s calls, with its stack of registrations
 
-def _trampoline_code(n_free, key):
-    """The code of `def f(*args, **kwargs): return _call_redirected(key, args, kwargs)`, with `n_free` unused
-    free variables: Python only lets a function's code be replaced by code with as many free variables."""
+class _Redirection:
+    "How calls of `of` reach a derivative: the last registration is in force; with none left, `of` is as it was."
+    def __init__(self, of): self.of, self.stack = of, []
+    def push(self, registration):
+        self.stack.append(registration)
+        self.install(registration.function)
+    def remove(self, registration):
+        self.stack.remove(registration)
+        if self.stack: self.install(self.stack[-1].function)
+        else:
+            self.restore()
+            del _REDIRECTIONS[id(self.of)]
+
+class _UfuncRedirection(_Redirection):
+    "A NumPy ufunc: its entry in the engine's ufunc table (and so the operators: `a + b` for `np.add`)."
+    def __init__(self, of):
+        super().__init__(of)
+        self.saved = UFUNC_PRIMITIVES.get(of)
+    def install(self, fn): self._set(fn)
+    def restore(self): self._set(self.saved)
+    def _set(self, prim):
+        if prim is None: UFUNC_PRIMITIVES.pop(self.of, None)
+        else: UFUNC_PRIMITIVES[self.of] = prim
+        engine.refresh_operators()
+
+class _NumpyFunctionRedirection(_Redirection):
+    "A NumPy function found through `__array_function__`: its entry in the function table; the engine's own adapter steps aside."
+    def __init__(self, of):
+        super().__init__(of)
+        self.saved = FUNCTION_PRIMITIVES.get(of), engine._ADAPTERS.get(of)
+    def install(self, fn):
+        FUNCTION_PRIMITIVES[self.of] = fn
+        engine._ADAPTERS.pop(self.of, None)
+    def restore(self):
+        for table, saved in zip((FUNCTION_PRIMITIVES, engine._ADAPTERS), self.saved):
+            if saved is None: table.pop(self.of, None)
+            else: table[self.of] = saved
+
+@functools.lru_cache(maxsize=None)
+def _trampoline(n_free):
+    """The code of `def f(*args, _fastad_rule, **kwargs): return _fastad_rule(*args, **kwargs)`, on one line, with
+    `n_free` unused free variables (Python only lets a function take code with as many as its closure has)."""
     free = [f"_fastad_free{i}" for i in range(n_free)]
+    use = f" if True else ({', '.join(free)},)" if free else ""
     source = "\n".join(["def outer():", *[f"    {v} = None" for v in free],
-                        "    def trampoline(*args, **kwargs):",
-                        f"        if False: ({', '.join(free)},)" if free else "        pass",
-                        "        from fastad.transforms import _call_redirected",
-                        f"        return _call_redirected({key}, args, kwargs)",
-                        "    return trampoline"])
+                        f"    def f(*args, _fastad_rule, **kwargs): return _fastad_rule(*args, **kwargs){use}",
+                        "    return f"])
     namespace = {}
     exec(source, namespace)
     return namespace['outer']().__code__
 
-def _redirect(f, fn):
-    "Send every call of Python function `f`, however it is reached, through `fn`; `fn`'s plain calls run the original."
-    original = getattr(f, '__fastad_original__', None)
-    if original is None:
-        original = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-        original.__kwdefaults__ = f.__kwdefaults__
-        f.__signature__, f.__fastad_original__ = inspect.signature(f), original
-    fn.forward = original
-    from fastad import transforms                      # the module's registry (this code may run in its notebook)
-    transforms._REDIRECTED.append(fn)
-    f.__code__ = _trampoline_code(len(f.__code__.co_freevars), len(transforms._REDIRECTED) - 1)
+def _labelled_like(code, like):
+    """Trampoline `code` with the file, first line and name of function code `like`. Every instruction sits on
+    that `def` line, with no column range (an entry of Python 3.11's line table: 1, code 13, length; line delta 0),
+    so a traceback shows the user's `def` line and no stray markers."""
+    names = dict(co_filename=like.co_filename, co_firstlineno=like.co_firstlineno, co_name=like.co_name)
+    if sys.version_info >= (3, 11):
+        units = len(code.co_code) // 2
+        names.update(co_qualname=like.co_qualname, co_linetable=b''.join(
+            bytes([0x80 | 13 << 3 | min(8, units - i) - 1, 0]) for i in range(0, units, 8)))
+    return code.replace(**names)
 
-def derivative(of):
-    """Decorator: use the decorated VJP as the derivative of `of`. A NumPy function is found through NumPy's
-    dispatch; a Python function is redirected wherever it is referenced; any other callable (a C function
-    through ctypes, say) is replaced by name in its module and the caller's. Returns the VJP unchanged."""
+class _PythonFunctionRedirection(_Redirection):
+    """A Python function, however it is reached: while a derivative is registered, its code is a one-line
+    trampoline into the differentiable version (found in a keyword default), labelled with the function's
+    own file, line and name, so `inspect.getsource`, `help()` and tracebacks still show the user's function."""
+    def __init__(self, f):
+        super().__init__(f)
+        self.saved = f.__code__, f.__kwdefaults__, f.__dict__.get('__signature__')
+        self.signature = inspect.signature(f)
+        original = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        original.__kwdefaults__, original.__qualname__, original.__doc__ = f.__kwdefaults__, f.__qualname__, f.__doc__
+        original.__module__ = f.__module__
+        self.original = original
+        self.code = _labelled_like(_trampoline(len(f.__code__.co_freevars)), f.__code__)
+    def install(self, fn):
+        fn.forward, f = self.original, self.of
+        f.__code__, f.__kwdefaults__, f.__signature__ = self.code, {'_fastad_rule': fn}, self.signature
+    def restore(self):
+        f = self.of
+        f.__code__, f.__kwdefaults__, signature = self.saved
+        if signature is None: del f.__signature__
+        else: f.__signature__ = signature
+
+class _NameRedirection(_Redirection):
+    """Any other callable (a C function through `ctypes`, say) cannot be changed: the global names that refer
+    to it, in its own module and in the registering one, are pointed at the derivative instead."""
+    def __init__(self, of, namespaces):
+        super().__init__(of)
+        self.slots = [(ns, k) for ns in namespaces for k, v in list(ns.items()) if v is of]
+        if not self.slots:
+            raise DifferentiationError(
+                f"derivative: cannot reach every call of {_name(of)}: it is not a Python function, so fastad can only "
+                f"replace the global names that refer to it, and no name in this module does (an attribute such as "
+                f"module.{_name(of)} cannot be redirected). Use f = differentiable_function(vjp) and call f instead")
+        self.current = of
+    def install(self, fn): self._point(fn)
+    def restore(self): self._point(self.of)
+    def _point(self, target):
+        for ns, k in self.slots:
+            if ns.get(k) is self.current: ns[k] = target        # a name rebound since then is the user's: left alone
+        self.current = target
+
+def _redirection(of, caller_globals):
+    "The redirection of `of`'s calls, made on its first registration."
+    if id(of) in _REDIRECTIONS: return _REDIRECTIONS[id(of)]
+    if isinstance(of, np.ufunc): r = _UfuncRedirection(of)
+    elif hasattr(of, '_implementation') and (getattr(of, '__module__', None) or '').startswith('numpy'): r = _NumpyFunctionRedirection(of)
+    elif isinstance(of, types.FunctionType): r = _PythonFunctionRedirection(of)
+    else:
+        namespaces = [ns for ns in (getattr(of, '__globals__', None), caller_globals) if ns is not None]
+        r = _NameRedirection(of, list({id(ns): ns for ns in namespaces}.values()))
+    _REDIRECTIONS[id(of)] = r
+    return r
+
+def _register(of, vjp, caller_globals):
+    if not callable(vjp): raise DifferentiationError(f"derivative: vjp must be a function, not {_describe(vjp)}")
+    fn = differentiable_function(vjp, name=_name(of), forward=of)
+    registration = Registration(of, vjp, fn)
+    with _LOCK: _redirection(of, caller_globals).push(registration)
+    return registration
+
+def derivative(of, vjp=None):
+    """Use `vjp` as the derivative of `of` wherever `of` is called: a NumPy function (found through NumPy's
+    dispatch), a Python function (however it is reached), or any other callable (a C function through
+    `ctypes`: the global names that refer to it in its module and the caller's are replaced).
+    As a decorator, `@derivative(of=f)`, it returns the VJP unchanged; `derivative(of=f, vjp=f_vjp)` returns
+    the `Registration`, to `undo()` or to use in a `with` block. Registering again for `f` replaces the rule
+    until the later registration is undone."""
+    if not callable(of): raise DifferentiationError(f"derivative: `of` must be a function, not {_describe(of)}")
+    if inspect.ismethod(of):                            # each `obj.f` is a new object: nothing could be found by it
+        raise DifferentiationError(f"derivative: `of` is a bound method ({of.__qualname__}); register the function "
+                                   f"{of.__qualname__} itself, with a VJP whose first parameter is the object")
+    caller_globals = sys._getframe(1).f_globals
+    if vjp is not None: return _register(of, vjp, caller_globals)
     def register(vjp):
-        if not callable(of): raise DifferentiationError(f"derivative: `of` must be a function, not {_describe(of)}")
-        if inspect.ismethod(of):                       # each `obj.f` is a new object: nothing could be found by it
-            raise DifferentiationError(f"derivative: `of` is a bound method ({of.__qualname__}); register the function "
-                                       f"{of.__qualname__} itself, with a VJP whose first parameter is the object")
-        fn = differentiable_function(vjp, name=_name(of), forward=of)
-        if isinstance(of, np.ufunc):
-            UFUNC_PRIMITIVES[of] = fn
-            engine.refresh_operators()                 # `a + b` and `@` use the new derivative too
-        elif (getattr(of, '__module__', None) or '').startswith('numpy'):
-            FUNCTION_PRIMITIVES[of] = fn
-            engine._ADAPTERS.pop(of, None)             # the engine's own argument handling for it steps aside
-        elif isinstance(of, types.FunctionType): _redirect(of, fn)
-        else:
-            for namespace in (getattr(of, '__globals__', None), sys._getframe(1).f_globals):
-                for k, v in list((namespace or {}).items()):
-                    if v is of: namespace[k] = fn
+        _register(of, vjp, caller_globals)
         return vjp
     return register
 
+def registered_derivative(of):
+    "The `Registration` in force for `of` (the last one not undone), or `None`."
+    with _LOCK:
+        redirection = _REDIRECTIONS.get(id(of))
+        return redirection.stack[-1] if redirection is not None and redirection.of is of else None
+
+# %% ../nbs/03d_transforms.ipynb #c3d5e7f9
 def _stop(x):
     "The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose."
     while type(x) is Traced:
@@ -307,20 +461,9 @@ def _stop(x):
 
 def without_derivative(x):
     """`x` as a constant: no derivative flows through it, in any transform. Saying so also silences the
-    warning that a result does not depend on the differentiated arguments. Looks inside tuples, lists, dicts
-    and dataclasses."""
-    if type(x) is Traced: return _stop(x)
-    if isinstance(x, tuple) and hasattr(x, '_fields'): return type(x)(*map(without_derivative, x))
-    if isinstance(x, (tuple, list)): return type(x)(map(without_derivative, x))
-    if isinstance(x, dict):
-        new = copy.copy(x)
-        new.update({k: without_derivative(v) for k, v in x.items()})
-        return new
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        new = copy.copy(x)
-        for f in dataclasses.fields(x): object.__setattr__(new, f.name, without_derivative(getattr(x, f.name)))
-        return new
-    return x
+    warning that a result does not depend on the differentiated arguments. Looks inside every structure
+    fastad walks (`map_structure`): tuples, lists, dicts and dataclasses."""
+    return _stop(x) if type(x) is Traced else map_structure(_stop, x)
 
 def _hook_vwc(x, *, hook):
     def chain(g):
