@@ -10,4 +10,5 @@ from .engine import trace, trace_primitives
 from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
-from . import backend, primitives, engine, transforms
+from .layers import Layer, Dense, sequenced, mse, SGD
+from . import backend, primitives, engine, transforms, layers
