@@ -11,4 +11,5 @@ from . import dispatch                    # registers the NumPy adapters in the 
 from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
-from . import backend, primitives, engine, dispatch, transforms
+from .layers import Layer, Dense, sequenced, mse, SGD
+from . import backend, primitives, engine, dispatch, transforms, layers
