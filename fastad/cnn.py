@@ -131,7 +131,9 @@ def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
         rows = (xp.arange(oh) * strides[0])[:, None, None] + winner // pw - top    # the winner's pixel in x
         cols = (xp.arange(ow) * strides[1])[:, None] + winner % pw - left
         dx = xp.zeros(shape, dtype=g.dtype)
-        np.add.at(dx, (xp.arange(n)[:, None, None, None], rows, cols, xp.arange(c)), g)
+        at = (xp.arange(n)[:, None, None, None], rows, cols, xp.arange(c))
+        if strides[0] >= ph and strides[1] >= pw: dx[at] = g      # windows apart: each pixel wins at most once
+        else: np.add.at(dx, at, g)                                # overlapping windows: a pixel's wins add up
         return dx
     return y, chain
 
