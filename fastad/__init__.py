@@ -12,4 +12,5 @@ from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from .layers import Layer, Dense, sequenced, mse, SGD
-from . import backend, primitives, engine, dispatch, transforms, layers
+from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy, applied_for_backpropagation
+from . import backend, primitives, engine, dispatch, transforms, layers, cnn
