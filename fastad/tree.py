@@ -121,18 +121,22 @@ def flatten(x, where='argument', arguments=False, static_ok=False):
     `static_ok=True`, anything that cannot be differentiated (an int, a string, a function) rides along, as it
     always does inside a dataclass."""
     leaves = []
-    def walk(x, where, static_ok):
-        if is_leaf(x):
-            leaves.append(x)
-            return None                                  # marks where the next leaf goes
-        if not is_container(x):
-            if static_ok: return _Static(x)
-            raise _cannot(where, x)
-        static_ok = static_ok or hasattr(type(x), '__dataclass_fields__')   # ints, flags, functions in a model ride along
-        return (x, [walk(v, label, static_ok) if differentiable else _Static(v) for label, v, differentiable in _labelled(x, where)])
-    spec = ((x, [walk(v, f"{where} {i}", static_ok) for i, v in enumerate(x)]) if arguments
-            else walk(x, where, static_ok))
+    spec = ((x, [_walk(v, f"{where} {i}", static_ok, leaves) for i, v in enumerate(x)]) if arguments
+            else _walk(x, where, static_ok, leaves))
     return leaves, lambda new: _rebuild(spec, iter(new))
+
+def _walk(x, where, static_ok, leaves):
+    "`x`'s spec for `_rebuild`, putting its leaves in `leaves`. (A module function: a nested recursive one would be a"
+    " reference cycle, keeping the leaves, and so a whole tape, alive until the garbage collector runs.)"
+    if is_leaf(x):
+        leaves.append(x)
+        return None                                      # marks where the next leaf goes
+    if not is_container(x):
+        if static_ok: return _Static(x)
+        raise _cannot(where, x)
+    static_ok = static_ok or hasattr(type(x), '__dataclass_fields__')   # ints, flags, functions in a model ride along
+    return (x, [_walk(v, label, static_ok, leaves) if differentiable else _Static(v)
+                for label, v, differentiable in _labelled(x, where)])
 
 def _rebuild(spec, leaves):
     if spec is None: return next(leaves)
@@ -145,26 +149,29 @@ def leaves_like(template, x, where):
     containers, same dict keys (in any order), same dataclasses; `None` stands for zeros, at a leaf or for a
     whole part. For a cotangent shaped like a value."""
     found = []
-    def unlike(where, t, x, got='', want=''):
-        return DifferentiationError(f"{where} is {_describe(x)}{got}, but it should be shaped like the value it "
-                                    f"belongs to: {_describe(t)}{want}")
-    def walk(t, x, where):
-        if is_leaf(t):
-            if is_container(x): raise unlike(where, t, x)
-            found.append(x)                              # the leaf itself (its shape, or None) is the caller's to check
-        elif not is_container(t): return                 # a static value: nothing to match
-        elif x is None:                                  # None for a whole structure: None for each of its leaves
-            found.extend([None] * len(flatten(t, static_ok=True)[0]))
-        elif isinstance(t, dict):
-            if not isinstance(x, dict): raise unlike(where, t, x)
-            if set(x) != set(t): raise unlike(where, t, x, f" with keys {sorted(x, key=repr)}", f" with keys {sorted(t, key=repr)}")
-            for k in t: walk(t[k], x[k], f"{where}[{k!r}]")
-        elif type(x) is not type(t): raise unlike(where, t, x)
-        elif isinstance(t, (tuple, list)):
-            if len(x) != len(t): raise unlike(where, t, x, f" of {len(x)} items", f" of {len(t)}")
-            for i, (a, b) in enumerate(zip(t, x)): walk(a, b, f"{where}[{i}]")
-        else:
-            for f in _init_fields(t):
-                if _differentiable(f): walk(getattr(t, f.name), getattr(x, f.name), f"{where}.{f.name}")
-    walk(template, x, where)
+    _match(template, x, where, found)
     return found
+
+def _unlike(where, t, x, got='', want=''):
+    return DifferentiationError(f"{where} is {_describe(x)}{got}, but it should be shaped like the value it "
+                                f"belongs to: {_describe(t)}{want}")
+
+def _match(t, x, where, found):
+    "Check `x` against template `t`, putting `x`'s leaves in `found` (a module function, so no reference cycle)."
+    if is_leaf(t):
+        if is_container(x): raise _unlike(where, t, x)
+        found.append(x)                                  # the leaf itself (its shape, or None) is the caller's to check
+    elif not is_container(t): return                     # a static value: nothing to match
+    elif x is None:                                      # None for a whole structure: None for each of its leaves
+        found.extend([None] * len(flatten(t, static_ok=True)[0]))
+    elif isinstance(t, dict):
+        if not isinstance(x, dict): raise _unlike(where, t, x)
+        if set(x) != set(t): raise _unlike(where, t, x, f" with keys {sorted(x, key=repr)}", f" with keys {sorted(t, key=repr)}")
+        for k in t: _match(t[k], x[k], f"{where}[{k!r}]", found)
+    elif type(x) is not type(t): raise _unlike(where, t, x)
+    elif isinstance(t, (tuple, list)):
+        if len(x) != len(t): raise _unlike(where, t, x, f" of {len(x)} items", f" of {len(t)}")
+        for i, (a, b) in enumerate(zip(t, x)): _match(a, b, f"{where}[{i}]", found)
+    else:
+        for f in _init_fields(t):
+            if _differentiable(f): _match(getattr(t, f.name), getattr(x, f.name), f"{where}.{f.name}", found)
