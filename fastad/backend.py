@@ -12,6 +12,7 @@ import contextlib, os, sys
 from contextvars import ContextVar
 import numpy as np
 from .errors import ArgumentError, BackendError
+from .tree import map_structure
 from . import strict
 
 # %% ../nbs/00_backend.ipynb #6e8bbff2
@@ -148,14 +149,13 @@ def asarray(x, dtype=None):
 
 to_device = asarray
 
-def to_host(x):
-    "A NumPy array (or structure of them) from backend arrays; anything else passes through."
-    if isinstance(x, tuple) and hasattr(x, '_fields'): return type(x)(*(to_host(o) for o in x))
-    if isinstance(x, (list, tuple)): return type(x)(to_host(o) for o in x)
-    if isinstance(x, dict): return {k: to_host(v) for k, v in x.items()}
-    if type(x) is strict.StrictArray: return x.get()
-    if type(x).__module__.startswith('cupy'): return x.get()
+def _host_one(x):
+    if type(x) is strict.StrictArray or type(x).__module__.startswith('cupy'): return x.get()
     return x
+
+def to_host(x):
+    "A NumPy array (or structure of them: `tree.map_structure`) from backend arrays; anything else passes through."
+    return map_structure(_host_one, x)
 
 def default_rng(seed=None):
     "A seedable random generator of the active module."

@@ -162,11 +162,11 @@ def softmax_cross_entropy_vwc(logits, labels):
     n = logits.shape[0]
     shifted = logits - logits.max(-1, keepdims=True)
     log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    rows = array_module(logits).arange(n)
-    def dlogits(g):
-        d = np.exp(log_p)                               # softmax ...
-        d[rows, labels] -= 1                            # ... minus one-hot ...
-        return d * (g / n)                              # ... over the batch size
+    xp = array_module(logits)
+    rows = xp.arange(n)
+    def dlogits(g):                                     # softmax minus one-hot, over the batch size; written
+        one_hot = labels[:, None] == xp.arange(logits.shape[-1])    # without in-place updates, so that it can
+        return (np.exp(log_p) - one_hot) * (g / n)      # be differentiated again
     return -log_p[rows, labels].mean(), (dlogits, None)
 
 softmax_cross_entropy = softmax_cross_entropy_vwc.primitive

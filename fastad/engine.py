@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES, NONDIFFERENTIABLE, unbroadcast
 from . import primitives as P
 from .errors import DifferentiationError, NoDerivativeError, NoDerivativeMethodError
+from .tree import map_structure
 
 # %% ../nbs/03b_engine.ipynb #4db5e0b8
 class Trace:
@@ -140,11 +141,8 @@ def unbox(x, trace=None):
     return x
 
 def unbox_all(obj):
-    "Strip every trace level from the values in `obj`, looking inside lists, tuples and dicts."
-    if type(obj) is Traced: return unbox(obj)
-    if type(obj) in (list, tuple): return type(obj)(unbox_all(o) for o in obj)
-    if type(obj) is dict: return {k: unbox_all(v) for k, v in obj.items()}
-    return obj
+    "Strip every trace level from the values in `obj`, looking inside any structure (`tree.map_structure`)."
+    return unbox(obj) if type(obj) is Traced else map_structure(unbox, obj)
 
 # %% ../nbs/03b_engine.ipynb #239df924
 def _no_derivative(name, attribute=False):

@@ -217,6 +217,35 @@ spec("fd.logsumexp", ["fastad.logsumexp"], lambda x, axis, keepdims: fd.logsumex
      note='at least one element along the axis')
 spec("fd.log_softmax", ["fastad.log_softmax"], lambda x, axis: fd.log_softmax(x, axis=axis), lse())
 
+# a ufunc called with keywords goes through the engine's ufunc adapter (dtype= here)
+spec("ufunc(dtype=)", ["numpy.ufunc"], lambda x, y: np.multiply(x, y, dtype=np.result_type(x, y)), elementwise('real', 'real'))
+
+# the CNN layers' primitives (lesson 05a): small NHWC images, both paddings, strides 1 and 2
+def conv_draw(data):
+    n, h, w, c, o = data.draw(st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(3, 5), st.integers(1, 2), st.integers(1, 2)))
+    kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    kw_ = dict(strides=data.draw(st.sampled_from([(1, 1), (2, 1), (2, 2)])), padding=data.draw(st.sampled_from(['valid', 'same'])))
+    return [values(data, (n, h, w, c)), values(data, (kh, kw, c, o))], kw_
+spec("fd.conv2d", ["fastad.conv2d"], lambda x, f, **k: fd.conv2d(x, f, **k), conv_draw, second_order=False,
+     note="first order: its pullback takes sliding windows of the cotangent, which are not differentiated again")
+
+def pool_draw(data):
+    n, h, w, c = data.draw(st.tuples(st.integers(1, 2), st.integers(2, 5), st.integers(2, 5), st.integers(1, 2)))
+    kw_ = dict(pool_size=data.draw(st.sampled_from([(2, 2), (1, 2), (3, 3)])), strides=data.draw(st.sampled_from([(2, 2), (1, 1)])),
+               padding=data.draw(st.sampled_from(['valid', 'same'])))
+    if kw_['padding'] == 'valid' and (kw_['pool_size'][0] > h or kw_['pool_size'][1] > w): kw_['padding'] = 'same'
+    return [values(data, (n, h, w, c), 'distinct')], kw_
+spec("fd.max_pool2d", ["fastad.max_pool2d"], lambda x, **k: fd.max_pool2d(x, **k), pool_draw,
+     second_order=False, note="distinct values: no ties within a window, where the max is not differentiable; "
+     "first order: its pullback scatters into windows, which is not differentiated again")
+
+def logits_draw(data):
+    n, k = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 5))
+    labels = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).integers(0, k, n)
+    return [values(data, (n, k))], dict(labels=labels)
+spec("fd.softmax_cross_entropy", ["fastad.softmax_cross_entropy"], lambda x, labels: fd.softmax_cross_entropy(x, labels), logits_draw,
+     host_only=True, note="labels are host integers")
+
 # products
 def matmul_draw(data):
     m, k, n = data.draw(st.tuples(*[st.integers(0, 3)] * 3), label='m, k, n')
