@@ -181,8 +181,9 @@ def write_chart(results, path):
         for label, cells in rows(name, wl):
             ratios = {c: cell[2] for c, cell in cells.items() if not isinstance(cell, str) and cell[2]}
             if ratios: bars.append((label, ratios))
-    peers = [p for p in PEERS if any(p in r for _, r in bars)]
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.42 * max(len(bars), 1)))
+    peers = [p for p in PEERS if p != 'floor' and any(p in r for _, r in bars)]   # the floor stays in the table
+    bars = [(label, r) for label, r in bars if any(p in r for p in peers)]
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.42 * max(len(bars), 1)))
     height = 0.8 / max(len(peers), 1)
     for j, p in enumerate(peers):
         ys = [i + (j - (len(peers) - 1) / 2) * height for i, (_, r) in enumerate(bars) if p in r]
@@ -201,9 +202,17 @@ def write_chart(results, path):
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
-def _wrap(label, width=60):
+def _wrap(label, width=44):
     words, lines, line = label.split(), [], ''
     for w in words:
         if len(line) + len(w) + 1 > width: lines.append(line); line = w
         else: line = f"{line} {w}".strip()
     return '\n'.join(lines + [line])
+
+if __name__ == '__main__':            # python -m bench.report RESULTS.json [FOLDER]: the table and chart again
+    import json, sys
+    from pathlib import Path
+    results = json.loads(Path(sys.argv[1]).read_text())
+    folder = Path(sys.argv[2] if len(sys.argv) > 2 else Path(__file__).parent)
+    write_markdown(results, folder / 'results.md')
+    write_chart(results, folder / 'results.png')

@@ -14,6 +14,7 @@ UNIT, SCALE = 'MiB', 1 / 2**20
 CASES = ('none', 'sqrt', 'every')
 KIND = 'memory+time'
 TIME_UNIT, TIME_SCALE = 'ms', 1e3
+ROUNDS = 5                            # each step takes a second or more
 sizes = memory.sizes
 
 def segment_count(case, layers):
