@@ -44,15 +44,15 @@ def fastad_layers(size):
     if missing: raise Skip(f"fd.{', fd.'.join(missing)} not in this fastad yet (lesson 04's layers, the CNN layers)")
     x, labels, (wc, bc, wd, bd) = data()
     try:
-        model = [fd.Conv2D(weight=wc, bias=bc, activation=None), fd.MaxPool2D(P), fd.Flatten(),
-                 fd.Dense(weight=wd, bias=bd, activation=None)]
+        model = [fd.Conv2D(filter=wc, bias=bc, activation=None), fd.MaxPool2D(pool_size=(P, P), strides=(P, P)),
+                 fd.Flatten(), fd.Dense(weight=wd, bias=bd, activation=None)]
         loss = lambda m: fd.softmax_cross_entropy(fd.sequenced(x, through=m), labels)
         value, grads = fd.value_with_gradient(loss, model)
     except Exception as e:
         raise Skip(f"fastad's CNN layers are there but the suite's call does not fit them: {type(e).__name__}: {e}")
     def step():
         value, (gc, _, _, gd) = fd.value_with_gradient(loss, model)
-        return as_numpy(value, (gc.weight, gc.bias, gd.weight, gd.bias))
+        return as_numpy(value, (gc.filter, gc.bias, gd.weight, gd.bias))
     return Contender(fastad_version(), {'step': step}, numpy_gemm())
 
 def fastad_traced(size):
