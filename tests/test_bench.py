@@ -1,0 +1,53 @@
+"""The benchmark suite's plumbing: one tiny run writes its table and chart, checks results, and reports a missing
+peer as skipped. No timing is asserted: the suite prints ratios, it does not judge them."""
+import json, os, subprocess, sys
+from pathlib import Path
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.run import compare                               # noqa: E402
+
+def run_suite(tmp_path, *args, hide=''):
+    "python -m bench --quick, one round, into tmp_path; returns (stdout, the JSON results)."
+    env = {**os.environ, 'FASTAD_BENCH_HIDE': hide, 'MPLBACKEND': 'Agg'}
+    out = subprocess.run([sys.executable, '-m', 'bench', '--quick', '--rounds', '1', '--out', str(tmp_path),
+                          '--json', str(tmp_path / 'results.json'), *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout, json.loads((tmp_path / 'results.json').read_text())
+
+def test_one_workload_writes_table_and_chart(tmp_path):
+    stdout, results = run_suite(tmp_path, '--only', 'mlp', '--libraries', 'fastad,numpy')
+    entries = results['workloads']['mlp']['entries']
+    assert entries['fastad']['status'] == 'ok' and entries['numpy']['status'] == 'ok'
+    assert 'max rel. error' in entries['fastad']['check']['step']     # checked against hand-written NumPy
+    assert entries['fastad']['gflops'] > 0                             # the GEMM probe ran in fastad's process
+    table = (tmp_path / 'results.md').read_text()
+    assert '| MNIST MLP step 2,000×784→50→1' in table and '×)' in table   # a figure and a ratio fastad / peer
+    png = (tmp_path / 'results.png').read_bytes()
+    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) < 300_000
+    assert 'fastad / hand-written' in stdout and 'OPENBLAS_NUM_THREADS=1' in stdout
+
+def test_missing_peer_is_reported_as_skipped(tmp_path):
+    stdout, results = run_suite(tmp_path, '--only', 'cnn', '--libraries', 'fastad,numpy,torch', hide='torch')
+    torch = results['workloads']['cnn']['entries']['torch']
+    assert torch['status'] == 'skipped' and 'PyTorch is not installed' in torch['reason']
+    assert 'skipped' in (tmp_path / 'results.md').read_text()
+    assert results['workloads']['cnn']['entries']['numpy']['status'] == 'ok'
+
+def test_memory_workload_measures_a_peak(tmp_path):
+    _, results = run_suite(tmp_path, '--only', 'memory', '--libraries', 'fastad,numpy')
+    memory = results['workloads']['memory']['entries']['fastad']['memory']['step']
+    assert memory['tracemalloc peak'] > 0
+    assert 'rss peak' in memory or not Path('/proc/self/clear_refs').exists()
+
+def test_compare_accepts_close_and_refuses_wrong_gradients():
+    ref = (1.0, [np.ones(3), np.arange(4.0)])
+    assert compare((1.0, [np.ones(3) * (1 + 1e-5), np.arange(4.0)]), ref, (1e-3, 1e-4))[0]
+    ok, why = compare((1.0, [np.ones(3), np.arange(4.0) * 1.1]), ref, (1e-3, 1e-4))
+    assert not ok and 'gradient 1' in why
+    assert not compare((1.5, ref[1]), ref, (1e-3, 1e-4))[0]                      # a different loss
+    assert not compare((1.0, [np.ones(3)]), ref, (1e-3, 1e-4))[0]                # a gradient missing
+    assert not compare((1.0, [np.ones(4), np.arange(4.0)]), ref, (1e-3, 1e-4))[0]   # a wrong shape
