@@ -182,7 +182,8 @@ def _diff(a, n=1, axis=-1, prepend=_NO, append=_NO):
     def edge(v):                                        # a scalar is spread over the other axes, as NumPy does
         if np.ndim(v): return v
         shape = list(np.shape(a)); shape[axis] = 1
-        return np.broadcast_to(v, tuple(shape))
+        if type(v) is Traced: return np.broadcast_to(v, tuple(shape))
+        return _xp(a).full(tuple(shape), v, dtype=np.result_type(unbox(a), v))
     parts = ([edge(prepend)] if prepend is not _NO else []) + [a] + ([edge(append)] if append is not _NO else [])
     if len(parts) > 1: a = np.concatenate(parts, axis=axis)
     for _ in range(operator.index(n)): a = a[_along(axis, nd, slice(1, None))] - a[_along(axis, nd, slice(None, -1))]
@@ -520,8 +521,8 @@ def _partition(a, kth, axis=-1, kind='introselect', order=None):
 
 def _compress(condition, a, axis=None, out=None):
     _reject_out('numpy.compress', dict(out=out))
-    keep = np.nonzero(unbox(condition))[0]
-    return np.take(a, keep, axis=axis)
+    keep = np.nonzero(to_host(unbox(condition)))[0]
+    return np.take(a, _device_index(a, keep), axis=axis)
 
 def _select(condlist, choicelist, default=0):
     result = default
@@ -578,10 +579,13 @@ def _block(arrays):
     "np.block: the innermost lists join along the last axis, the next ones along the one before, and so on."
     def depth(x): return 1 + depth(x[0]) if type(x) is list else 0
     def leaves(x): return [l for e in x for l in leaves(e)] if type(x) is list else [x]
-    levels = depth(arrays)
-    nd = max([levels] + [np.ndim(l) for l in leaves(arrays)])
+    levels, every = depth(arrays), leaves(arrays)
+    nd = max([levels] + [np.ndim(l) for l in every])
+    xp = _xp(next(l for l in every if type(l) is Traced))
     def build(x, level):
-        if type(x) is not list: return np.reshape(x, (1,) * (nd - np.ndim(x)) + np.shape(x))
+        if type(x) is not list:
+            if type(x) is not Traced: x = xp.asarray(to_host(x))   # a plain number or array joins on the same device
+            return np.reshape(x, (1,) * (nd - np.ndim(x)) + np.shape(x))
         return np.concatenate([build(e, level - 1) for e in x], axis=-level)
     return build(arrays, levels)
 

@@ -168,14 +168,19 @@ NONDIFFERENTIABLE.update({np.heaviside, np.fix, np.around, np.signbit, np.isnegi
 @defvwc(np.prod, unary=True)
 def prod_vwc(x, *, axis=None, keepdims=False):
     "The product; each element's slope is the product of the others, found without dividing by zero."
-    shape, zero = np.shape(x), np.equal(x, 0)
-    safe = np.where(zero, 1, x)
+    shape, ans, zero = np.shape(x), np.prod(x, axis=axis, keepdims=keepdims), np.equal(x, 0)
     def chain(g):
-        rest = np.prod(safe, axis=axis, keepdims=True)            # the product of the nonzero elements
+        if not np.any(zero): return _expand(g, shape, axis, keepdims) * (_expand(ans, shape, axis, keepdims) / x)
+        safe = np.where(zero, 1, x)
+        rest = np.prod(safe, axis=axis, keepdims=True)             # the product of the nonzero elements
         zeros = np.sum(zero, axis=axis, keepdims=True)
-        slope = np.where(zeros == 0, rest / safe, np.where((zeros == 1) & zero, rest, 0))
+        # times the product of the zeros other than this element: written with x itself (its value is 0 or 1),
+        # so that the slope's own derivative, a second derivative, is right too
+        of_zeros = np.prod(np.where(zero, x, 1), axis=axis, keepdims=True)
+        other_zero = np.sum(np.where(zero, x, 0), axis=axis, keepdims=True) - x
+        slope = np.where(zero, rest * np.where(zeros == 1, 1, np.where(zeros == 2, other_zero, 0)), rest / safe * of_zeros)
         return _expand(g, shape, axis, keepdims) * slope
-    return np.prod(x, axis=axis, keepdims=keepdims), chain
+    return ans, chain
 
 def _rcumsum(g, axis):
     "Running sums from the far end: the transpose of cumsum."
