@@ -65,8 +65,8 @@ def test_which_protocol_numpy_uses(monkeypatch, f, route):
     assert seen[:1] == ([route] if route else [])
 
 # --- what the engine refuses ------------------------------------------------------------------------
-@pytest.mark.parametrize('f, name', [(np.cumsum, 'numpy.cumsum'), (np.sort, 'numpy.sort'),
-                                     (lambda x: np.add.accumulate(x), 'numpy.add.accumulate'), (np.arctan, 'numpy.arctan'),
+@pytest.mark.parametrize('f, name', [(np.unwrap, 'numpy.unwrap'), (lambda x: np.convolve(x, x), 'numpy.convolve'),
+                                     (lambda x: np.add.accumulate(x), 'numpy.add.accumulate'), (lambda x: np.modf(x)[0], 'numpy.modf'),
                                      (np.linalg.inv, 'numpy.linalg.inv')])
 def test_no_derivative_names_the_function(any_backend, f, name):
     with pytest.raises(NoDerivativeError, match=rf"{name} has no derivative.*derivative\(of="):
@@ -87,12 +87,12 @@ def test_no_derivative_names_submodule_functions_in_full():
     (lambda x: np.clip(x, 0, 2, out=np.empty(3)).sum(), "numpy.clip: the `out=`"),
     (lambda x: np.dot(x, x, out=np.empty(())), "numpy.dot: the `out=`"),
     (lambda x: np.var(x, out=np.empty(())), "var: the `out=`"), (lambda x: x.std(out=np.empty(())), "numpy.std: the `out=`"),
-    (lambda x: np.einsum('i,i->', x, x, out=np.empty(())), "numpy.einsum: out= cannot be differentiated"),
-    (lambda x: np.einsum('ii->', x[:, None] * x), "numpy.einsum: operand 0 repeats an index in 'ii'")])
+    (lambda x: np.einsum('i,i->', x, x, out=np.empty(())), "numpy.einsum: the `out=`"),
+    (lambda x: np.einsum('i,i->', x, x, dtype=np.float32), "numpy.einsum: dtype= cannot be differentiated")])
 def test_refusals(f, message):
     with pytest.raises(DifferentiationError, match=message): fd.gradient(f, np.ones(3))
 
-@pytest.mark.parametrize('method', ['item', 'tolist', 'cumsum', 'prod', 'sort'])
+@pytest.mark.parametrize('method', ['item', 'tolist', 'view'])
 def test_array_methods_with_no_derivative_name_the_method(any_backend, method):
     def f(x):
         assert not hasattr(x, method)           # an AttributeError too, so duck typing still works
@@ -133,8 +133,9 @@ def test_reduction_dtype_is_honoured_or_refused():
 def test_method_keywords_reach_the_refusal():
     with pytest.raises(DifferentiationError, match="where="): fd.gradient(lambda x: x.sum(where=np.ones(3, bool)), np.ones(3))
 
-def test_dot_of_high_dimensional_arrays_is_refused_with_a_fastad_error():
-    with pytest.raises(FastADError, match="numpy.dot"): fd.gradient(lambda x: np.dot(x, np.ones(2)).sum(), np.ones((2, 2, 2)))
+def test_dot_of_high_dimensional_arrays_pairs_the_last_axis_with_the_second_to_last():
+    g = fd.gradient(lambda x: np.dot(x, np.arange(6.).reshape(3, 2, 1)).sum(), np.ones((2, 2, 2)))
+    np.testing.assert_array_equal(g, np.broadcast_to([6., 9.], (2, 2, 2)))
 
 def test_escaped_traced_value_is_refused():
     kept = []
