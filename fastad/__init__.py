@@ -11,3 +11,5 @@ from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from . import backend, primitives, engine, transforms
+from .checkpointing import make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying
+from . import checkpointing
