@@ -10,6 +10,6 @@ from .engine import trace, trace_primitives
 from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
-from . import backend, primitives, engine, transforms
+from .layers import Layer, Dense, sequenced, mse, SGD
 from .checkpointing import make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying
-from . import checkpointing
+from . import backend, primitives, engine, transforms, layers, checkpointing

@@ -322,11 +322,20 @@ def without_derivative(x):
         return new
     return x
 
+def _is_cotangent(x):
+    "Can `x` stand for a cotangent: a real number, or a real array of a backend (traced, inside a nested transform)?"
+    if type(x) is Traced or (isinstance(x, (int, float)) and not isinstance(x, bool)): return True
+    kind = getattr(getattr(x, 'dtype', None), 'kind', None)
+    return (is_array(x) or isinstance(x, np.generic)) and kind is not None and kind in 'fiu'
+
 def _hook_vwc(x, *, hook):
     def chain(g):
         if hasattr(g, 'copy'): g = g.copy()               # the hook may write in place: it gets its own array
         replaced = hook(g)
         if replaced is None: return g
+        if not _is_cotangent(replaced):                   # a list or a string would travel on, silently wrong
+            raise DifferentiationError(f"with_derivative: the hook returned {_describe(replaced)}; return None, a "
+                                       f"number, or an array shaped like the cotangent (shape {np.shape(g)})")
         if np.ndim(replaced) == 0 and np.ndim(g) != 0: return g * 0 + replaced     # a number: everywhere, on g's device
         if np.shape(replaced) != np.shape(g):
             raise DifferentiationError(f"with_derivative: the hook returned shape {np.shape(replaced)} for a cotangent "
