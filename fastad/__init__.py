@@ -7,9 +7,10 @@ from .errors import *
 from .backend import set_backend, use_backend, get_backend, use_gpu, gpu_available, to_host, to_device
 from .primitives import relu, logsumexp, log_softmax
 from .engine import trace, trace_primitives
+from . import dispatch                    # registers the NumPy adapters in the engine's table
 from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from .layers import Layer, Dense, sequenced, mse, SGD
 from .checkpointing import make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying
-from . import backend, primitives, engine, transforms, layers, checkpointing
+from . import backend, primitives, engine, dispatch, transforms, layers, checkpointing

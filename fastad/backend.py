@@ -9,6 +9,7 @@ __all__ = ['BACKENDS', 'to_device', 'set_backend', 'get_backend', 'xp', 'use_bac
 
 # %% ../nbs/00_backend.ipynb #2d9a61c2
 import contextlib, os, sys
+from contextvars import ContextVar
 import numpy as np
 from .errors import ArgumentError, BackendError
 from . import strict
@@ -43,30 +44,34 @@ def _module(name):
     if name == 'cupy': return _load_cupy()
     raise BackendError(f"unknown backend {name!r}: choose one of {', '.join(map(repr, BACKENDS))}")
 
-_active = {'name': 'numpy', 'xp': np}
+_default = ('numpy', np)                              # the process default (FASTAD_BACKEND): where a thread starts
+_active = ContextVar('fastad_backend', default=None)   # this thread's (or asyncio task's) choice, once it made one
+
+def _choice(name):
+    if isinstance(name, str): name = name.strip().lower()
+    return name, _module(name)
 
 def set_backend(name):
-    "Make `name` ('numpy', 'cupy' or 'strict') the active backend; returns the previous name."
-    if isinstance(name, str): name = name.strip().lower()
-    xp = _module(name)
-    previous = _active['name']
-    _active.update(name=name, xp=xp)
+    "Make `name` ('numpy', 'cupy' or 'strict') the active backend of this thread (or task); returns the previous name."
+    choice = _choice(name)
+    previous = get_backend()
+    _active.set(choice)
     return previous
 
 def get_backend():
     "The name of the active backend."
-    return _active['name']
+    return (_active.get() or _default)[0]
 
 def xp():
     "The active array module: `numpy`, `cupy` or `fastad.strict`."
-    return _active['xp']
+    return (_active.get() or _default)[1]
 
 @contextlib.contextmanager
 def use_backend(name):
     "Within the block, `name` is the active backend; the previous one comes back afterwards, even after an error."
-    previous = set_backend(name)
+    token = _active.set(_choice(name))
     try: yield xp()
-    finally: set_backend(previous)
+    finally: _active.reset(token)
 
 def gpu_available():
     "Can the 'cupy' backend run here? Never raises."
@@ -92,7 +97,8 @@ def use_gpu(flag=True):
 def _from_environment():
     name = environment_backend()
     if not name: return
-    try: set_backend(name)
+    global _default
+    try: _default = _choice(name)
     except BackendError as e: raise BackendError(f"FASTAD_BACKEND={os.environ['FASTAD_BACKEND']!r}: {e}") from None
 
 _from_environment()

@@ -56,7 +56,7 @@ class replaying:
     def __exit__(self, *exc):
         for restore in self.now: restore()
 
-# %% ../nbs/05_checkpointing.ipynb #e6087360
+# %% ../nbs/05_checkpointing.ipynb #af03622f
 def _recomputed_pullback(f, args, kwargs):
     "Run `f(*args)` again, this time on a tape, and return its pullback: cotangent -> one cotangent per argument."
     leaves, rebuild = flatten(args, arguments=True, static_ok=True)
@@ -88,7 +88,7 @@ def make_recomputed_in_gradient(f, generators=()):
         state = random_state(generators)
         value = f(*args, **kwargs)                       # plain values: nothing is taped, nothing saved
         def pullback(v):
-            log = engine._log
+            log = engine._log.get()                        # the trace_primitives log open here, if any
             if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f
             with replaying(state): return _recomputed_pullback(f, args, kwargs)(v)
         return value, pullback

@@ -7,9 +7,10 @@ __all__ = ['Trace', 'apply', 'apply_scalar', 'backward', 'unbox', 'unbox_all', '
            'trace', 'PrimitiveLog', 'trace_primitives']
 
 # %% ../nbs/03b_engine.ipynb #233f65a9
-import sys
+import itertools, sys, threading
 import numpy as np
 from collections import Counter
+from contextvars import ContextVar
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES, NONDIFFERENTIABLE, unbroadcast
 from . import primitives as P
 from .errors import DifferentiationError, NoDerivativeError, NoDerivativeMethodError
@@ -17,18 +18,25 @@ from .errors import DifferentiationError, NoDerivativeError, NoDerivativeMethodE
 # %% ../nbs/03b_engine.ipynb #4db5e0b8
 class Trace:
     """One reverse-mode recording: a tape with one entry `(name, parents)` per traced value (`None` for inputs).
-    `stopped` records that a derivative was dropped on purpose (`without_derivative`) during the recording."""
-    __slots__ = ('level', 'tape', 'active', 'stopped')
-    _count = 0
+    `stopped` records that a derivative was dropped on purpose (`without_derivative`) during the recording;
+    `consumed` that a one-time backward pass has already freed the tape."""
+    __slots__ = ('level', 'tape', 'active', 'stopped', 'consumed')
+    _levels = itertools.count(1)      # next() on it is atomic: two threads never get the same level
     def __init__(self):
-        Trace._count += 1
-        self.level, self.tape, self.active, self.stopped = Trace._count, [], True, False
+        self.level, self.tape, self.active, self.stopped, self.consumed = next(Trace._levels), [], True, False, False
     def new_input(self, value):
         "Wrap `value` as an input of this trace."
         return _new(self, value, None)
 
-_log = None          # the active PrimitiveLog, if any; when off, logging costs one check per operation
+# The primitive log belongs to the thread (or asyncio task) that opened it. Reading a ContextVar costs more
+# than a global, so the hot path first checks `_logging`, which is 0 unless some log is open somewhere.
+_log = ContextVar('fastad_primitive_log', default=None)
+_logging = 0
 _NO_KWARGS = {}
+
+def _record(phase, name):
+    log = _log.get()
+    if log is not None: log.record(phase, name)
 
 def _new(trace, value, entry):
     t = Traced.__new__(Traced)
@@ -43,6 +51,12 @@ def _finished():
 # %% ../nbs/03b_engine.ipynb #e058807e
 def _unbroadcasting(chain, shape): return lambda g: unbroadcast(chain(g), shape)
 
+def _complex(name):
+    return DifferentiationError(
+        f"{name}: its result is complex, and fastad differentiates real numbers only (a complex value on the tape "
+        f"would give silently wrong gradients). Keep the computation real: carry the real and imaginary parts "
+        f"as two real arrays, or use without_derivative(x) if no gradient should flow")
+
 def apply(prim, args, kwargs=_NO_KWARGS):
     "Run primitive `prim` on `args`, recording it on the innermost trace among them."
     x = args[0]
@@ -50,7 +64,7 @@ def apply(prim, args, kwargs=_NO_KWARGS):
         trace = x.trace
         if not trace.active: raise _finished()
         ans, chain = prim.vwc(x.value, **kwargs) if kwargs else prim.vwc(x.value)
-        if _log is not None: _log.record('forward', prim.name)
+        if _logging: _record('forward', prim.name)
         t = Traced.__new__(Traced)                    # _new, inlined: this is the engine's hottest path
         tape = trace.tape
         t.value, t.trace, t.idx = ans, trace, len(tape)
@@ -63,6 +77,10 @@ def apply(prim, args, kwargs=_NO_KWARGS):
     if not top.active: raise _finished()
     vals = [a.value if type(a) is Traced and a.trace is top else a for a in args]
     ans, chains = prim.vwc(*vals, **kwargs)
+    # A real input meets a complex constant only here (a Python number's fast path takes floats and ints), so
+    # checking this path, and astype, keeps complex values off the tape without slowing the unary fast path.
+    dtype = getattr(ans, 'dtype', None)
+    if (type(ans) is complex) if dtype is None else dtype.kind == 'c': raise _complex(prim.name)
     parents = []
     for a, v, chain in zip(args, vals, chains):
         if chain is None or type(a) is not Traced or a.trace is not top: continue   # constants: chain never runs
@@ -70,15 +88,15 @@ def apply(prim, args, kwargs=_NO_KWARGS):
             shape = np.shape(v)
             if shape != np.shape(ans): chain = _unbroadcasting(chain, shape)
         parents.append((a.idx, chain))
-    if _log is not None: _log.record('forward', prim.name)
+    if _logging: _record('forward', prim.name)
     return _new(top, ans, (prim.name, parents))
 
 def apply_scalar(prim, x, c, reflected):
-    "`x op c` (or `c op x` when `reflected`) for a Python number `c`: no broadcasting, one parent."
+    "`x op c` (or `c op x` when `reflected`) for a Python float or int `c`: no broadcasting, one parent."
     trace = x.trace
     if not trace.active: raise _finished()
     ans, chains = prim.vwc(c, x.value) if reflected else prim.vwc(x.value, c)
-    if _log is not None: _log.record('forward', prim.name)
+    if _logging: _record('forward', prim.name)
     t = Traced.__new__(Traced)
     tape = trace.tape
     t.value, t.trace, t.idx = ans, trace, len(tape)
@@ -86,14 +104,26 @@ def apply_scalar(prim, x, c, reflected):
     return t
 
 # %% ../nbs/03b_engine.ipynb #fbfcfc80
-def backward(trace, seeds):
-    "The reverse sweep: the cotangent of every tape entry of `trace`, given `seeds` {tape index: cotangent}."
-    tape, log = trace.tape, _log
+def backward(trace, seeds, consume=False):
+    """The reverse sweep over `trace` from `seeds` {tape index: cotangent}. Returns a list indexed by tape
+    position holding the cotangents of the inputs (the entries that are `None` on the tape); every other
+    cotangent is freed as soon as its chains have run. With `consume=True` each tape entry (its chains, and the
+    values they saved) is dropped too once it has run: for a pullback that will be called only once."""
+    if trace.consumed:
+        raise DifferentiationError("this pullback has already run once with consume=True, which freed its tape: "
+                                   "record the function again to differentiate it again")
+    tape = trace.tape
+    log = _log.get() if _logging else None
     cts = [None] * len(tape)
     for i, g in seeds.items(): cts[i] = g
+    if consume: trace.consumed = True
     for i in range(max(seeds), -1, -1):
-        g, entry = cts[i], tape[i]
-        if g is None or entry is None: continue
+        entry = tape[i]
+        if entry is None: continue                    # an input: its cotangent is what the caller wants
+        g = cts[i]
+        if g is None: continue                        # nobody's cotangent reached this value
+        cts[i] = None                                 # passed on below: freed once its chains have run
+        if consume: tape[i] = None
         name, parents = entry
         if log is not None: log.record('pullback', name)
         for j, chain in parents:
@@ -101,6 +131,7 @@ def backward(trace, seeds):
             if c is None: continue                    # a custom pullback may give no cotangent for an input
             old = cts[j]
             cts[j] = c if old is None else old + c    # a value used twice collects both cotangents
+        del entry, parents, g
     return cts
 
 def unbox(x, trace=None):
@@ -115,7 +146,7 @@ def unbox_all(obj):
     if type(obj) is dict: return {k: unbox_all(v) for k, v in obj.items()}
     return obj
 
-# %% ../nbs/03b_engine.ipynb #c519f886
+# %% ../nbs/03b_engine.ipynb #239df924
 def _no_derivative(name, attribute=False):
     if attribute:          # an AttributeError too, so hasattr() and getattr(x, name, default) keep working
         return NoDerivativeMethodError(
@@ -125,75 +156,27 @@ def _no_derivative(name, attribute=False):
         f"{name} has no derivative in fastad, and it was called on a traced value. Give it one with "
         f"@fastad.derivative(of={name}), or call it on fastad.without_derivative(x) if no gradient should flow")
 
-def _reject_out(name, kwargs):
-    for k in ('out', 'where'):
-        if kwargs.get(k) is not None:
-            raise DifferentiationError(f"{name}: the `{k}=` argument cannot be differentiated (it writes in place "
-                                       f"or masks the result, as `a += x` into a NumPy array `a` does); compute a new array instead")
-
-def _ufunc_keywords(name, kwargs):
-    "The result's dtype, if asked for; any keyword but `dtype` (and `out`/`where` left at None) is refused."
-    _reject_out(name, kwargs)
-    other = sorted(k for k, v in kwargs.items() if k not in ('out', 'where', 'dtype') and v is not None)
-    if other: raise DifferentiationError(f"{name}: the `{other[0]}=` argument is not supported on traced values")
-    return kwargs.get('dtype')
-
-def _reduction(prim):
-    def adapter(x, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
-        _reject_out(f"numpy.{prim.name}", dict(out=out, where=where))
-        if dtype is not None: x = x.astype(dtype)       # reduce in the requested precision, as NumPy does
-        result = apply(prim, (x,), dict(axis=axis, keepdims=keepdims))
-        if initial is None: return result
-        return result + initial if prim.name == 'sum' else _INITIAL[prim.name](result, initial)
-    return adapter
-
-def _joined(prim):
-    def adapter(arrays, axis=0, out=None, **kwargs):
-        _reject_out(f"numpy.{prim.name}", dict(out=out))
-        if axis is None: arrays, axis = [np.ravel(a) for a in arrays], 0     # NumPy flattens first
-        return apply(prim, tuple(arrays), dict(axis=axis))
-    return adapter
-
-def _order(name, order):
-    if order not in ('C', 'F'):
-        raise DifferentiationError(f"{name}: order={order!r} cannot be differentiated; use 'C' or 'F'")
-    return order
-
-def _shape_arg(shape): return (shape,) if isinstance(shape, int) else tuple(shape)
-
-def _constant(name, bound):
-    "A static argument must not be traced: its derivative would be silently lost."
-    if type(bound) is Traced:
-        raise DifferentiationError(f"{name}: this argument cannot be differentiated; for a traced bound, "
-                                   f"use numpy.minimum / numpy.maximum instead")
-    return bound
-
-_ADAPTERS = {
-    np.sum: _reduction(P.sum_vwc.primitive), np.mean: _reduction(P.mean_vwc.primitive),
-    np.max: _reduction(P.max_vwc.primitive), np.amax: _reduction(P.max_vwc.primitive),
-    np.min: _reduction(P.min_vwc.primitive), np.amin: _reduction(P.min_vwc.primitive),
-    np.concatenate: _joined(P.concatenate_vwc.primitive), np.stack: _joined(P.stack_vwc.primitive),
-    np.reshape: lambda a, shape=None, order='C', **kw: apply(
-        P.reshape_vwc.primitive, (a,), dict(shape=kw.get('newshape', shape), order=_order('numpy.reshape', order))),
-    np.transpose: lambda a, axes=None: apply(P.transpose_vwc.primitive, (a,), dict(axes=axes)),
-    np.swapaxes: lambda a, axis1, axis2: apply(P.swapaxes_vwc.primitive, (a,), dict(axis1=axis1, axis2=axis2)),
-    np.squeeze: lambda a, axis=None: apply(P.squeeze_vwc.primitive, (a,), dict(axis=axis)),
-    np.expand_dims: lambda a, axis: apply(P.expand_dims_vwc.primitive, (a,), dict(axis=axis)),
-    np.ravel: lambda a, order='C': apply(P.ravel_vwc.primitive, (a,), dict(order=_order('numpy.ravel', order))),
-    np.broadcast_to: lambda a, shape, subok=False: apply(P.broadcast_to_vwc.primitive, (a,), dict(shape=_shape_arg(shape))),
-    np.clip: lambda a, a_min=None, a_max=None, out=None, **kw: _reject_out('numpy.clip', dict(out=out)) or apply(
-        P.clip_vwc.primitive, (a,), dict(a_min=_constant('numpy.clip', kw.get('min', a_min)),
-                                          a_max=_constant('numpy.clip', kw.get('max', a_max)))),
-    np.where: lambda cond, x=None, y=None: (np.where(unbox(cond)) if x is None and y is None
-                                            else apply(P.where_vwc.primitive, (unbox(cond), x, y))),
-    np.dot: lambda a, b, out=None: _reject_out('numpy.dot', dict(out=out)) or apply(P.dot_vwc.primitive, (a, b)),
-    np.var: lambda a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kw: Traced.var(a, axis, dtype, out, ddof, keepdims, **kw),
-    np.std: lambda a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kw: Traced.std(a, axis, dtype, out, ddof, keepdims, **kw),
-}
+_ADAPTERS = {}           # NumPy function -> its adapter, filled by fastad.dispatch; the key np.ufunc handles
+                         # the keywords of any ufunc call (dtype=, out=)
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
-_INITIAL = {'max': np.maximum, 'min': np.minimum}
+_STORE_SUBSCR = __import__('dis').opmap['STORE_SUBSCR']
 
-# %% ../nbs/03b_engine.ipynb #239df924
+def _stored_into_an_array(depth):
+    """Is NumPy converting a traced value because the user's code assigns it into an array (`a[i] = x`)? NumPy
+    calls the conversion from C, so the Python frame `depth` levels up is the user's, at the assignment."""
+    f = sys._getframe(depth)
+    return f.f_lasti >= 0 and f.f_code.co_code[f.f_lasti] == _STORE_SUBSCR
+
+_IN_PLACE = ("in-place updates of arrays with traced values are not differentiable (`a[i] = x` into a NumPy "
+             "array `a` would drop x's derivative). Build a new array instead: numpy.where(mask, x, a), "
+             "numpy.concatenate or numpy.stack")
+
+def _conversion(what):
+    "The error for turning a traced array into a plain value of kind `what`."
+    if _stored_into_an_array(3): return DifferentiationError(_IN_PLACE)   # 3: past this function and __float__
+    return DifferentiationError(f"{what} of a traced array would drop its derivative: keep it an array, or use "
+                                f"without_derivative(x) to drop the derivative on purpose")
+
 class Traced:
     "A value being differentiated: it takes part in plain NumPy code and records what it meets on its trace."
     __slots__ = ('value', 'trace', 'idx')
@@ -207,9 +190,7 @@ class Traced:
             if prim is not None:
                 if type(prim) is not Primitive: return prim(*inputs, **kwargs)   # a custom derivative binds its own arguments
                 if not kwargs: return apply(prim, inputs)
-                dtype = _ufunc_keywords(f"numpy.{ufunc.__name__}", kwargs)
-                result = apply(prim, inputs)
-                return result if dtype is None else result.astype(dtype)
+                return _ADAPTERS[np.ufunc](ufunc, prim, inputs, kwargs)
             if ufunc in NONDIFFERENTIABLE: return ufunc(*unbox_all(inputs), **unbox_all(kwargs))
         elif method == 'reduce' and ufunc in _REDUCE_UFUNCS:
             return _REDUCE_UFUNCS[ufunc](*inputs, **{'axis': 0, **kwargs})    # a ufunc reduces axis 0 by default
@@ -227,10 +208,11 @@ class Traced:
     def __fastad_primitive__(prim, args, kwargs): return apply(prim, args, kwargs)
 
     def __array__(self, dtype=None, copy=None):
-        raise DifferentiationError("a traced value cannot become a plain NumPy array: its derivative would be "
+        if _stored_into_an_array(2): raise DifferentiationError(_IN_PLACE)
+        raise DifferentiationError("a traced array cannot become a plain NumPy array: its derivative would be "
                                    "lost. Use NumPy operations on it, or without_derivative(x) to drop the derivative")
 
-    # arithmetic; a Python number takes the fast path (no ufunc dispatch, one parent)
+    # arithmetic; a Python float or int takes the fast path (no ufunc dispatch, one parent)
     def __add__(self, o): return apply_scalar(_ADD, self, o, 0) if type(o) in _NUMBERS else apply(_ADD, (self, o))
     def __radd__(self, o): return apply_scalar(_ADD, self, o, 1) if type(o) in _NUMBERS else apply(_ADD, (o, self))
     def __sub__(self, o): return apply_scalar(_SUB, self, o, 0) if type(o) in _NUMBERS else apply(_SUB, (self, o))
@@ -260,12 +242,12 @@ class Traced:
     def __ge__(self, o): return unbox(self) >= unbox(o)
     def __eq__(self, o): return unbox(self) == unbox(o)
     def __ne__(self, o): return unbox(self) != unbox(o)
-    __hash__ = None
+    def __hash__(self): raise TypeError("a traced array is unhashable, as NumPy arrays are")
     def __bool__(self): return bool(unbox(self))
-    def __float__(self):
-        raise DifferentiationError("float() of a traced value would drop its derivative: keep it an array, or use "
-                                   "without_derivative(x) to drop the derivative on purpose")
-    __int__ = __complex__ = __index__ = __float__
+    def __float__(self): raise _conversion("float()")
+    def __int__(self): raise _conversion("int()")
+    def __index__(self): raise _conversion("using it as an index or a size (int)")
+    def __complex__(self): raise _conversion("complex()")
 
     # array attributes and methods
     shape = property(lambda self: _attr(self, 'shape', np.shape))
@@ -278,20 +260,14 @@ class Traced:
     def __iter__(self): return (self[i] for i in range(len(self)))
     def __getitem__(self, index): return apply(P.getitem_vwc.primitive, (self,), dict(index=unbox_all(index)))
     def __setitem__(self, index, value):
-        raise DifferentiationError("cannot assign into a traced value: in-place updates are not differentiable. "
+        raise DifferentiationError("cannot assign into a traced array: in-place updates are not differentiable. "
                                    "Build a new array instead, e.g. with numpy.where or numpy.concatenate")
     def sum(self, axis=None, **kwargs): return np.sum(self, axis=axis, **kwargs)
     def mean(self, axis=None, **kwargs): return np.mean(self, axis=axis, **kwargs)
     def max(self, axis=None, **kwargs): return np.max(self, axis=axis, **kwargs)
     def min(self, axis=None, **kwargs): return np.min(self, axis=axis, **kwargs)
-    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        _reject_out('var', dict(out=out, where=kwargs.get('where')))
-        x = self if dtype is None else self.astype(dtype)
-        d = x - x.mean(axis=axis, keepdims=True)
-        n = np.size(unbox(x)) // max(np.size(np.mean(unbox(x), axis=axis)), 1)
-        return (d * d).sum(axis=axis, keepdims=keepdims) / (n - ddof)
-    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        return np.sqrt(self.var(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs))
+    def var(self, axis=None, **kwargs): return np.var(self, axis=axis, **kwargs)
+    def std(self, axis=None, **kwargs): return np.std(self, axis=axis, **kwargs)
     def reshape(self, *shape, order='C'): return np.reshape(self, shape[0] if len(shape) == 1 else shape, order=order)
     def transpose(self, *axes): return np.transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
     def swapaxes(self, axis1, axis2): return np.swapaxes(self, axis1, axis2)
@@ -301,7 +277,9 @@ class Traced:
     def clip(self, min=None, max=None): return np.clip(self, min, max)
     def dot(self, other): return np.dot(self, other)
     def astype(self, dtype, copy=True):
-        if np.dtype(dtype).kind not in 'fc': return unbox(self).astype(dtype)   # integers and booleans carry no derivative
+        kind = np.dtype(dtype).kind
+        if kind == 'c': raise _complex('astype')
+        if kind != 'f': return unbox(self).astype(dtype)   # integers and booleans carry no derivative
         return apply(_ASTYPE, (self,), dict(dtype=dtype))
     def copy(self): return self                       # traced values are never changed in place
 
@@ -310,7 +288,7 @@ class Traced:
         if name in _PLAIN_METHODS: return getattr(unbox(self), name)     # results with no derivative to lose
         if not name.startswith('_') and hasattr(unbox(self), name):
             raise _no_derivative(f"{type(unbox(self)).__name__}.{name}", attribute=True)
-        raise AttributeError(f"'Traced' object has no attribute {name!r}")
+        raise AttributeError(f"a traced array ({type(unbox(self)).__name__}) has no attribute {name!r}")
 
 def _astype_vwc(x, *, dtype):
     old = np.result_type(x)
@@ -320,12 +298,13 @@ def _astype_vwc(x, *, dtype):
 _ASTYPE = Primitive('astype', _astype_vwc, unary=True)
 _NUMBERS = frozenset((float, int))
 _PLAIN_METHODS = frozenset(('argmax', 'argmin', 'argsort', 'nonzero', 'all', 'any'))
-_OPERATORS = dict(_ADD=np.add, _SUB=np.subtract, _MUL=np.multiply, _DIV=np.true_divide, _POW=np.power,
-                  _MOD=np.remainder, _MATMUL=np.matmul, _NEG=np.negative, _ABS=np.absolute)
 
 def refresh_operators():
     "Point the operators (`+`, `@`, ...) at the ufunc table's current entries, after a custom derivative replaced one."
-    globals().update({name: UFUNC_PRIMITIVES[f] for name, f in _OPERATORS.items()})
+    global _ADD, _SUB, _MUL, _DIV, _POW, _MOD, _MATMUL, _NEG, _ABS
+    U = UFUNC_PRIMITIVES
+    _ADD, _SUB, _MUL, _DIV, _POW = U[np.add], U[np.subtract], U[np.multiply], U[np.true_divide], U[np.power]
+    _MOD, _MATMUL, _NEG, _ABS = U[np.remainder], U[np.matmul], U[np.negative], U[np.absolute]
 
 refresh_operators()
 
@@ -354,13 +333,20 @@ class PrimitiveLog:
         return sum(n for (p, k), n in self.counts.items() if phase in (None, p) and name in (None, k))
     def __repr__(self): return f"PrimitiveLog({dict(self.counts)})"
 
+_logging_lock = threading.Lock()
+
+def _open_logs(change):
+    global _logging
+    with _logging_lock: _logging += change
+
 class trace_primitives:
-    "Context manager: `with trace_primitives(show=True) as log:` counts, and prints, every primitive and pullback."
+    """Context manager: `with trace_primitives(show=True) as log:` counts, and prints, every primitive and
+    pullback that runs in this thread (or asyncio task) inside the block."""
     def __init__(self, show=False): self.log = PrimitiveLog(show)
     def __enter__(self):
-        global _log
-        self.outer, _log = _log, self.log
+        self.token = _log.set(self.log)
+        _open_logs(+1)
         return self.log
     def __exit__(self, *exc):
-        global _log
-        _log = self.outer
+        _open_logs(-1)
+        _log.reset(self.token)

@@ -7,12 +7,13 @@ __all__ = ['UFUNC_PRIMITIVES', 'FUNCTION_PRIMITIVES', 'scatter_add', 'relu', 'lo
            'Primitive', 'defvwc', 'unbroadcast', 'add_vwc', 'subtract_vwc', 'multiply_vwc', 'divide_vwc', 'power_vwc',
            'remainder_vwc', 'negative_vwc', 'positive_vwc', 'as_mask', 'maximum_vwc', 'minimum_vwc', 'exp_vwc',
            'log_vwc', 'sin_vwc', 'cos_vwc', 'tan_vwc', 'tanh_vwc', 'sqrt_vwc', 'square_vwc', 'abs_vwc', 'expm1_vwc',
-           'log1p_vwc', 'matmul_vwc', 'dot_vwc', 'einsum_vwc', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc',
-           'reshape_vwc', 'transpose_vwc', 'swapaxes_vwc', 'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc',
-           'broadcast_to_vwc', 'scatter_add_vwc', 'getitem_vwc', 'concatenate_vwc', 'stack_vwc', 'where_vwc',
-           'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
+           'log1p_vwc', 'matmul_vwc', 'dot_vwc', 'einsum_vwc', 'axes_of', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc',
+           'var_vwc', 'std_vwc', 'reshape_vwc', 'transpose_vwc', 'swapaxes_vwc', 'squeeze_vwc', 'expand_dims_vwc',
+           'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc', 'getitem_vwc', 'concatenate_vwc', 'stack_vwc',
+           'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
 
 # %% ../nbs/03a_primitives.ipynb #9aad28b4
+import operator
 import numpy as np
 from .backend import array_module
 from .errors import DifferentiationError, NoDerivativeError
@@ -100,15 +101,25 @@ def as_mask(m, like=None):
     if np.ndim(m) == 0: return np.bool_(m)
     return array_module(like).asarray(m, dtype=bool)
 
+def _tie_share(wins, ties, like):
+    "1 where the first operand wins, ½ at a tie, 0 where it loses: in the dtype of `like` (float32 stays float32)."
+    dtype = np.result_type(like)
+    if dtype.kind != 'f': dtype = np.dtype(np.float64)
+    return np.add(wins, ties, dtype=dtype) * dtype.type(0.5)     # (x >= y) + (x > y) is 2, 1 or 0
+
 @defvwc(np.maximum, broadcasts=True)
 def maximum_vwc(x, y):
-    mask = as_mask(x >= y)                            # a tie sends the cotangent to x: a valid subgradient
-    return np.maximum(x, y), (lambda g: g * mask, lambda g: g * ~mask)
+    "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
+    ans = np.maximum(x, y)
+    share = _tie_share(x >= y, x > y, ans)
+    return ans, (lambda g: g * share, lambda g: g * (1 - share))
 
 @defvwc(np.minimum, broadcasts=True)
 def minimum_vwc(x, y):
-    mask = as_mask(x <= y)
-    return np.minimum(x, y), (lambda g: g * mask, lambda g: g * ~mask)
+    "Elementwise minimum; a tie splits the cotangent ½/½ between x and y."
+    ans = np.minimum(x, y)
+    share = _tie_share(x <= y, x < y, ans)
+    return ans, (lambda g: g * share, lambda g: g * (1 - share))
 
 # %% ../nbs/03a_primitives.ipynb #d9c54603
 @defvwc(np.exp, unary=True)
@@ -144,7 +155,9 @@ def sqrt_vwc(x):
 def square_vwc(x): return x * x, lambda g: g * 2 * x
 
 @defvwc(np.absolute, unary=True)
-def abs_vwc(x): return np.abs(x), lambda g: g * np.sign(x)
+def abs_vwc(x):
+    "|x|; its slope is sign(x), so 0 at 0."
+    return np.abs(x), lambda g: g * np.sign(x)
 
 @defvwc(np.expm1, unary=True)
 def expm1_vwc(x):
@@ -214,11 +227,21 @@ def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
     return np.einsum(subscripts, *operands, optimize=optimize), (None, *(chain(i) for i in range(len(operands))))
 
 # %% ../nbs/03a_primitives.ipynb #05a5b12c
+def axes_of(axis):
+    "`axis` as None or a tuple of Python ints: any integer (`np.int64(1)`, say), or a tuple or list of them."
+    if axis is None: return None
+    try: return (operator.index(axis),)
+    except TypeError: return tuple(operator.index(a) for a in axis)
+
 def _expand(g, shape, axis, keepdims):
     "Give a reduced cotangent back its reduced axes, ready to broadcast to `shape`."
     if axis is None or keepdims or not shape: return g
-    axes = (axis,) if isinstance(axis, int) else axis
-    return np.expand_dims(g, tuple(a % len(shape) for a in axes))
+    return np.expand_dims(g, tuple(a % len(shape) for a in axes_of(axis)))
+
+def _count(shape, axis):
+    "How many elements a reduction over `axis` combines into each result."
+    if axis is None: return int(np.prod(shape, dtype=np.int64))
+    return int(np.prod([shape[a] for a in axes_of(axis)], dtype=np.int64))
 
 @defvwc(np.sum, unary=True)
 def sum_vwc(x, *, axis=None, keepdims=False):
@@ -228,11 +251,11 @@ def sum_vwc(x, *, axis=None, keepdims=False):
 @defvwc(np.mean, unary=True)
 def mean_vwc(x, *, axis=None, keepdims=False):
     shape = np.shape(x)
-    ans = np.mean(x, axis=axis, keepdims=keepdims)
-    n = np.size(x) // max(np.size(ans), 1)
-    return ans, lambda g: np.broadcast_to(_expand(g / n, shape, axis, keepdims), shape)
+    n = max(_count(shape, axis), 1)
+    return np.mean(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(_expand(g / n, shape, axis, keepdims), shape)
 
 def _extremum_vwc(reduce, x, axis, keepdims):
+    "The largest (smallest) element; equal extremes share the cotangent equally."
     shape = np.shape(x)
     hit = x == reduce(x, axis=axis, keepdims=True)
     share = (hit / np.sum(hit, axis=axis, keepdims=True)).astype(np.result_type(x))  # ties share equally
@@ -243,6 +266,27 @@ def max_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.max, x, ax
 
 @defvwc(np.min, np.amin, unary=True)
 def min_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.min, x, axis, keepdims)
+
+@defvwc(np.var, unary=True)
+def var_vwc(x, *, axis=None, ddof=0, keepdims=False):
+    "NumPy's variance, its value exactly; over one element it is constant, so its gradient is 0 there."
+    n = _count(np.shape(x), axis)
+    scale = 2 / (n - ddof) if n > ddof else np.inf      # n <= ddof: NumPy's value is inf or NaN, and so is this slope
+    def chain(g): return _expand(g, np.shape(x), axis, keepdims) * ((x - np.mean(x, axis=axis, keepdims=True)) * scale)
+    return np.var(x, axis=axis, ddof=ddof, keepdims=keepdims), chain
+
+@defvwc(np.std, unary=True)
+def std_vwc(x, *, axis=None, ddof=0, keepdims=False):
+    """NumPy's standard deviation. Where it is 0 (one element, or all equal) it has no slope, and the gradient
+    is 0: constant there, or at the bottom of a cone, where 0 is a subgradient."""
+    ans = np.std(x, axis=axis, ddof=ddof, keepdims=keepdims)
+    n = _count(np.shape(x), axis)
+    def chain(g):
+        s = _expand(ans, np.shape(x), axis, keepdims)
+        positive = s > 0
+        d = x - np.mean(x, axis=axis, keepdims=True)
+        return _expand(g, np.shape(x), axis, keepdims) * np.where(positive, d / ((n - ddof) * np.where(positive, s, 1)), 0)
+    return ans, chain
 
 # %% ../nbs/03a_primitives.ipynb #dce5ca50
 @defvwc(np.reshape, unary=True)
@@ -317,6 +361,7 @@ def where_vwc(cond, x, y):
 
 @defvwc(np.clip, unary=True)
 def clip_vwc(x, *, a_min, a_max):
+    "x clipped to [a_min, a_max]; at a bound the cotangent still passes, as inside."
     inside = (x >= (-np.inf if a_min is None else a_min)) & (x <= (np.inf if a_max is None else a_max))
     shape = np.shape(x)                               # array bounds may broadcast x to a larger shape
     return np.clip(x, a_min, a_max), lambda g: unbroadcast(g * inside, shape)
@@ -324,9 +369,11 @@ def clip_vwc(x, *, a_min, a_max):
 # %% ../nbs/03a_primitives.ipynb #244a3129
 @defvwc(name='relu', unary=True)
 def relu_vwc(x):
-    "max(x, 0), elementwise."
+    "max(x, 0), elementwise; its slope at 0 is 0 (as in PyTorch and JAX). -inf gives 0, NaN stays NaN."
     mask = x > 0
-    return x * mask, lambda g: g * mask
+    ans = np.where(x <= 0, 0, x)                      # not x * mask: -inf * 0 is NaN
+    if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]    # a number in, a NumPy number out
+    return ans, lambda g: g * mask
 
 @defvwc(name='logsumexp', unary=True)
 def logsumexp_vwc(x, *, axis=-1, keepdims=False):

@@ -81,12 +81,12 @@ def test_no_derivative_names_submodule_functions_in_full():
     (lambda x: np.add(x, 1, where=np.ones(3, bool)).sum(), "numpy.add: the `where=`"),
     (lambda x: np.mean(x, where=np.ones(3, bool)), "numpy.mean: the `where=`"),
     (lambda x: np.asarray(x).sum(), "cannot become a plain NumPy array"),
-    (lambda x: float(x[0]), "float\\(\\) of a traced value would drop its derivative"),
-    (lambda x: x.__setitem__(0, 1.0), "cannot assign into a traced value"),
+    (lambda x: float(x[0]), "float\\(\\) of a traced array would drop its derivative"),
+    (lambda x: x.__setitem__(0, 1.0), "cannot assign into a traced array"),
     (lambda x: np.clip(np.ones(3), x, 2).sum(), "numpy.clip: this argument cannot be differentiated"),
     (lambda x: np.clip(x, 0, 2, out=np.empty(3)).sum(), "numpy.clip: the `out=`"),
     (lambda x: np.dot(x, x, out=np.empty(())), "numpy.dot: the `out=`"),
-    (lambda x: np.var(x, out=np.empty(())), "var: the `out=`"), (lambda x: x.std(out=np.empty(())), "var: the `out=`"),
+    (lambda x: np.var(x, out=np.empty(())), "var: the `out=`"), (lambda x: x.std(out=np.empty(())), "numpy.std: the `out=`"),
     (lambda x: np.einsum('i,i->', x, x, out=np.empty(())), "numpy.einsum: out= cannot be differentiated"),
     (lambda x: np.einsum('ii->', x[:, None] * x), "numpy.einsum: operand 0 repeats an index in 'ii'")])
 def test_refusals(f, message):
@@ -102,7 +102,7 @@ def test_array_methods_with_no_derivative_name_the_method(any_backend, method):
 
 def test_unknown_attributes_stay_attribute_errors():
     def f(x):
-        with pytest.raises(AttributeError, match="'Traced' object has no attribute 'no_such_thing'") as e: x.no_such_thing
+        with pytest.raises(AttributeError, match="a traced array .* has no attribute 'no_such_thing'") as e: x.no_such_thing
         assert not isinstance(e.value, FastADError)
         return x * 2
     assert fd.gradient(f, 1.0) == 2.0
@@ -117,7 +117,7 @@ def test_numpy_var_and_std_match_the_methods(any_backend):
 def test_refusals_on_device(strict_backend):
     with pytest.raises(DifferentiationError, match="cannot become a plain NumPy array"):
         fd.gradient(lambda x: np.asarray(x).sum(), dev(np.ones(3)))
-    with pytest.raises(DifferentiationError, match="cannot assign into a traced value"):
+    with pytest.raises(DifferentiationError, match="cannot assign into a traced array"):
         fd.gradient(lambda x: x.__setitem__(0, 1.0), dev(np.ones(3)))
 
 def test_initial_is_honoured_or_refused():
