@@ -13,4 +13,4 @@ from .transforms import (gradient, value_with_gradient, pullback, value_with_pul
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from .layers import Layer, Dense, sequenced, mse, SGD
 from .checkpointing import make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying
-from . import backend, primitives, engine, dispatch, transforms, layers, checkpointing
+from . import backend, primitives, engine, dispatch, transforms, layers, checkpointing, memory
