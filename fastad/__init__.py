@@ -12,5 +12,6 @@ from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from .layers import Layer, Dense, sequenced, mse, SGD
-from .checkpointing import make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying
+from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
+                            ActivationDiscarding, checkpoint_sequential)
 from . import backend, primitives, engine, dispatch, transforms, layers, checkpointing, memory
