@@ -128,8 +128,8 @@ def with_recomputation_in_pullbacks(x, body, generators=()):
     "`body(x)`, with `body`'s saved values recomputed in the backward pass instead of kept: see `make_recomputed_in_gradient`."
     return make_recomputed_in_gradient(body, generators)(x)
 
-# %% ../nbs/05_checkpointing.ipynb #000fce59
-import numbers
+# %% ../nbs/05_checkpointing.ipynb #7c138b12
+import functools, numbers
 from typing import NamedTuple
 from fastcore.basics import patch
 from .engine import unbox, trace_primitives
@@ -224,7 +224,7 @@ def checkpoint_sequential(layers, segments=None, budget=None):
     plan = CheckpointPlan(segments=even_segments(len(layers), segments)) if segments else CheckpointPlan(budget=int(budget))
     return CheckpointedSequence(layers=list(layers), plan=plan)
 
-# %% ../nbs/05_checkpointing.ipynb #4d7fcafe
+# %% ../nbs/05_checkpointing.ipynb #29fcdf56
 class LayerCost(NamedTuple):
     "A layer's memory in bytes: its output, and what else its pullback keeps (beyond its input and parameters)."
     output: int
@@ -262,50 +262,60 @@ def estimate(costs, segments, margin=None):
         everything = sum(c.output + c.saved for c in costs[s:e])
         held.append(costs[e - 1].output if recomputed else everything)
         whole.append(everything)
-    peak = sum(held) + max(w - h for w, h in zip(whole, held)) + margin
+    peak = sum(held) + max(w - h for w, h in zip(whole, held)) + margin        # (the tape is freed only at the end)
     return peak, sum(e - s for s, e, r in segments if r)
 
-def _margin(costs): return 3 * max(c.output for c in costs)    # the cotangents in flight at once, at most
+def _margin(costs):
+    "Bytes in flight besides what is held: a few cotangents, the loss's own, a recomputed output's twin."
+    return 7 * max(c.output for c in costs)
+
+@functools.lru_cache(maxsize=8)
+def _fronts(costs):
+    """For each number of recomputed layers `c`, the plans over all the layers that nothing beats on both
+    `held` (bytes held until the backward pass) and `excess` (the largest recomputed segment's bytes beyond
+    its output): `{c: [(held, excess, how)]}`. A shortest-path sweep over layer boundaries; storing layers one
+    at a time loses nothing, as a stored run holds the same split or not."""
+    n = len(costs)
+    ends = [0]
+    for c in costs: ends.append(ends[-1] + c.output + c.saved)
+    fronts = [dict() for _ in range(n + 1)]             # fronts[e][c]: [(held, excess, how)] over layers[:e]
+    fronts[0][0] = [(0, 0, None)]
+    def offer(e, c, item):
+        fronts[e].setdefault(c, []).append(item)
+    for s in range(n):
+        for c, front in fronts[s].items():
+            front = _pareto(front)
+            fronts[s][c] = front
+            for item in front:
+                held, excess = item[:2]
+                offer(s + 1, c, (held + ends[s + 1] - ends[s], excess, (s, False, item)))          # store layer s
+                for e in range(s + 1, n + 1):                                                   # recompute s..e-1
+                    out = costs[e - 1].output
+                    offer(e, c + e - s, (held + out, max(excess, ends[e] - ends[s] - out), (s, True, item)))
+    return {c: _pareto(front) for c, front in fronts[n].items()}
+
+def _pareto(front):
+    "The items that no other beats on both held and excess."
+    kept = []
+    for item in sorted(front, key=lambda t: (t[0], t[1])):
+        if not kept or item[1] < kept[-1][1]: kept.append(item)
+    return kept
 
 def plan_for_budget(costs, budget, margin=None):
     """The segments [(start, stop, recomputed)] that recompute the fewest layers while `estimate` stays within
-    `budget`: exact for plans that recompute each layer at most once (dynamic programming, below)."""
+    `budget`: exact among plans that recompute each layer at most once."""
     if margin is None: margin = _margin(costs)
-    n, best = len(costs), None
-    ends = [sum(c.output + c.saved for c in costs[:i]) for i in range(n + 1)]   # prefix sums
-    everything = lambda s, e: ends[e] - ends[s]
-    # The estimate is sum(held) + (the largest excess of one recomputed segment) + margin. For each cap on that
-    # excess, find, for every number of recomputed layers, the least total held: a shortest path over layer
-    # boundaries. Storing layers one at a time loses nothing: a stored run holds the same, split or not.
-    caps = sorted({0} | {everything(s, e) - costs[e - 1].output for s in range(n) for e in range(s + 1, n + 1)})
-    for cap in caps:
-        room = budget - margin - cap
-        if room < 0: break
-        INF = float('inf')
-        least = [[INF] * (n + 1) for _ in range(n + 1)]      # least[e][c]: least held over layers[:e], c recomputed
-        came = [[None] * (n + 1) for _ in range(n + 1)]
-        least[0][0] = 0
-        for s in range(n):
-            for c in range(n + 1):
-                h = least[s][c]
-                if h == INF: continue
-                if h + everything(s, s + 1) < least[s + 1][c]:                 # store layer s
-                    least[s + 1][c], came[s + 1][c] = h + everything(s, s + 1), (s, c, False)
-                for e in range(s + 1, n + 1):                                  # recompute layers s..e-1
-                    if everything(s, e) - costs[e - 1].output > cap: break
-                    if h + costs[e - 1].output < least[e][c + e - s]:
-                        least[e][c + e - s], came[e][c + e - s] = h + costs[e - 1].output, (s, c, True)
-        c = next((c for c in range(n + 1) if least[n][c] <= room), None)
-        if c is not None and (best is None or c < best[0]): best = (c, came)
-        if best is not None and best[0] == 0: break
-    if best is None:
-        floor = min(estimate(costs, even_segments(n, k), margin)[0] for k in range(1, n + 1))
+    fronts = _fronts(tuple(costs))
+    for c in sorted(fronts):
+        fits = [item for item in fronts[c] if item[0] + item[1] + margin <= budget]
+        if fits: break
+    else:
+        least = min(item[0] + item[1] for front in fronts.values() for item in front) + margin
         raise ArgumentError(f"checkpoint_sequential: no plan that recomputes each layer at most once fits in "
-                            f"{budget:,} bytes (even segments need at least about {floor:,})")
-    c, came = best
-    segments, e = [], n
-    while e > 0:
-        s, c, recomputed = came[e][c]
+                            f"{budget:,} bytes; the least such a plan needs is about {least:,}")
+    segments, e, item = [], len(costs), min(fits, key=lambda t: t[0] + t[1])
+    while item[2] is not None:
+        s, recomputed, item = item[2]
         segments.append((s, e, recomputed))
         e = s
     return _merged(segments[::-1])
