@@ -163,3 +163,144 @@ def test_bad_input_gets_clear_errors():
         fd.make_recomputed_in_gradient(3)
     with pytest.raises(ArgumentError, match='cannot save the state of a list'):
         fd.random_state([[1, 2]])
+
+
+# --- layers: ActivationDiscarding, checkpoint_sequential, plans for a budget ---------------------------------
+import itertools
+from fastad.checkpointing import (ActivationDiscarding, LayerCost, estimate, even_segments, plan_for_budget,
+                                  measure_layers)
+from fastad.memory import peak_bytes
+
+
+class Seq(fd.Layer):
+    layers: list
+    def forward(self, x): return fd.sequenced(x, through=self.layers)
+
+
+def _deep(n=8, width=64, batch=256, seed=0):
+    manual_seed(seed)
+    return [fd.Dense(width, width, activation=np.tanh) for _ in range(n)], random_normal((batch, width))
+
+
+def test_discarding_a_layer_gives_the_same_gradients_and_runs_it_twice(any_backend):
+    layers, x = _deep(3, 16, 8)
+    plain = fd.gradient(lambda m: m(x).sum(), Seq(layers))
+    with fd.trace_primitives() as log:
+        got = fd.gradient(lambda m: m(x).sum(), Seq([layers[0], layers[1].discarding_activations(), layers[2]]))
+    assert log.count('forward', 'Dense') == 2
+    assert type(got.layers[1]) is ActivationDiscarding
+    np.testing.assert_array_equal(to_host(got.layers[1].wrapped.weight), to_host(plain.layers[1].weight))
+    np.testing.assert_array_equal(to_host(got.layers[0].weight), to_host(plain.layers[0].weight))
+
+
+def test_activation_discarding_takes_its_field_by_keyword_and_checks_it():
+    layer = fd.Dense(2, 3)
+    assert ActivationDiscarding(wrapped=layer).wrapped is layer
+    assert layer.discarding_activations().wrapped is layer
+    with pytest.raises(ArgumentError, match='ActivationDiscarding: wrapped must be a layer'):
+        ActivationDiscarding(wrapped=3)
+
+
+def test_cnn_gradients_with_and_without_discarding_are_equal():
+    manual_seed(0)
+    conv = fd.Conv2D(filter_shape=(5, 5, 3, 6))
+    rest = [fd.MaxPool2D(pool_size=(2, 2), strides=(2, 2)), fd.Flatten(), fd.Dense(6 * 6 * 6, 10, activation=None)]
+    x, labels = random_normal((10, 16, 16, 3)), np.arange(10)
+    loss = lambda m: fd.softmax_cross_entropy(m(x), labels)
+    with fd.trace_primitives() as log: got = fd.gradient(loss, Seq([conv.discarding_activations(), *rest]))
+    want = fd.gradient(loss, Seq([conv, *rest]))
+    assert log.count('forward', 'Conv2D') == 2
+    np.testing.assert_array_equal(got.layers[0].wrapped.filter, want.layers[0].filter)
+    np.testing.assert_array_equal(got.layers[3].weight, want.layers[3].weight)
+
+
+@pytest.mark.parametrize('segments', [1, 3, 8])
+def test_checkpoint_sequential_gives_the_plain_gradients(segments, any_backend):
+    layers, x = _deep(8, 16, 8)
+    want = fd.gradient(lambda m: m(x).sum(), Seq(layers))
+    with fd.trace_primitives() as log:
+        got = fd.gradient(lambda m: m(x).sum(), fd.checkpoint_sequential(layers, segments=segments))
+    assert log.count('forward', 'segment') == 2 * segments
+    for a, b in zip(got.layers, want.layers): np.testing.assert_array_equal(to_host(a.weight), to_host(b.weight))
+
+
+def test_even_segments():
+    assert even_segments(32, 6) == [(0, 6, True), (6, 12, True), (12, 17, True), (17, 22, True), (22, 27, True), (27, 32, True)]
+    assert even_segments(3, 3) == [(0, 1, True), (1, 2, True), (2, 3, True)]
+
+
+def test_segments_hold_less_after_the_forward_pass_and_peak_lower():
+    layers, x = _deep(16, 128, 1024)                       # 512 KiB activations
+    loss = lambda m: (m(x) ** 2).mean()
+    plain, ckpt = Seq(layers), fd.checkpoint_sequential(layers, segments=4)
+    assert fd.memory.held_bytes(loss, ckpt) <= 0.4 * fd.memory.held_bytes(loss, plain)
+    assert peak_bytes(fd.gradient(loss), ckpt)[1] <= 0.7 * peak_bytes(fd.gradient(loss), plain)[1]
+
+
+def _brute_force(costs, budget):
+    "The fewest recomputed layers over every plan that recomputes each layer at most once."
+    n, best = len(costs), None
+    for cuts in itertools.product([0, 1], repeat=n - 1):
+        bounds = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n]
+        spans = list(zip(bounds, bounds[1:]))
+        for flags in itertools.product([False, True], repeat=len(spans)):
+            peak, recomputed = estimate(costs, [(s, e, r) for (s, e), r in zip(spans, flags)])
+            if peak <= budget and (best is None or recomputed < best): best = recomputed
+    return best
+
+
+def test_the_plan_is_optimal_among_one_recomputation_plans():
+    rng = random.Random(0)
+    for _ in range(40):
+        n = rng.randint(1, 7)
+        costs = [LayerCost(rng.randint(1, 10) * 1000, rng.randint(0, 30) * 1000) for _ in range(n)]
+        everything = estimate(costs, [(0, n, False)])[0]
+        for budget in (everything, int(everything * 0.8), int(everything * 0.6), int(everything * 0.45)):
+            want = _brute_force(costs, budget)
+            if want is None:
+                with pytest.raises(ArgumentError, match='no plan that recomputes each layer at most once fits'):
+                    plan_for_budget(costs, budget)
+                continue
+            plan = plan_for_budget(costs, budget)
+            assert [s for s, _, _ in plan] == sorted({s for s, _, _ in plan}) and plan[0][0] == 0 and plan[-1][1] == n
+            peak, recomputed = estimate(costs, plan)
+            assert peak <= budget and recomputed == want
+
+
+def test_a_budget_plan_fits_when_measured_and_beats_or_equals_even_segments():
+    layers, x = _deep(16, 128, 1024)
+    loss = lambda m: (m(x) ** 2).mean()
+    costs = measure_layers(layers, x)
+    grads = sum(l.weight.nbytes + l.bias.nbytes for l in layers)
+    for k in (2, 4):
+        budget, even_recomputed = estimate(costs, even_segments(16, k))
+        model = fd.checkpoint_sequential(layers, budget=int(budget))
+        _, peak = peak_bytes(fd.gradient(loss), model)
+        assert peak - grads <= budget, (k, peak - grads, budget)
+        assert estimate(costs, model.plan.segments)[1] <= even_recomputed
+    everything = estimate(costs, [(0, 16, False)])[0]
+    assert fd.checkpoint_sequential(layers, budget=int(everything)).plan.segments_for(layers, x) == [(0, 16, False)]
+
+
+def test_the_estimate_bounds_the_measured_peak():
+    layers, x = _deep(16, 128, 1024)
+    loss = lambda m: (m(x) ** 2).mean()
+    costs = measure_layers(layers, x)
+    grads = sum(l.weight.nbytes + l.bias.nbytes for l in layers)
+    for segments in ([(0, 16, False)], even_segments(16, 4), [(0, 8, True), (8, 16, False)]):
+        from fastad.checkpointing import CheckpointPlan, CheckpointedSequence
+        model = CheckpointedSequence(layers=layers, plan=CheckpointPlan(segments=segments))
+        _, peak = peak_bytes(fd.gradient(loss), model)
+        assert peak - grads <= estimate(costs, segments)[0], segments
+
+
+def test_checkpoint_sequential_refuses_bad_input():
+    layers = [fd.Dense(2, 2)] * 3
+    for kwargs, message in [(dict(), 'give either segments'), (dict(segments=2, budget=10), 'give either segments'),
+                            (dict(segments=0), 'segments must be a whole number'), (dict(segments=4), '4 segments for 3 layers'),
+                            (dict(budget=1.5), 'budget must be a whole number')]:
+        with pytest.raises(ArgumentError, match=message): fd.checkpoint_sequential(layers, **kwargs)
+    with pytest.raises(ArgumentError, match='layers must be a non-empty list'): fd.checkpoint_sequential([], segments=1)
+    with pytest.raises(ArgumentError, match=r'layers\[1\] is a int'): fd.checkpoint_sequential([layers[0], 3], segments=1)
+    with pytest.raises(ArgumentError, match='no plan that recomputes each layer at most once fits in 10 bytes'):
+        fd.checkpoint_sequential(layers, budget=10)(np.ones((1, 2), dtype=np.float32))
