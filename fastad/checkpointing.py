@@ -8,12 +8,12 @@ __all__ = ['random_state', 'replaying', 'make_recomputed_in_gradient', 'with_rec
            'measure_layers', 'estimate', 'plan_for_budget']
 
 # %% ../nbs/05_checkpointing.ipynb #868fa80f
-import gc, random, threading
+import random
 import numpy as np
 from . import backend, engine
 from .errors import ArgumentError, DifferentiationError
 from .primitives import Primitive
-from .transforms import value_with_pullback, differentiable_function, _cotangent_like
+from .transforms import value_with_pullback, differentiable_function, _cotangent_like, _split_chain
 from .tree import flatten
 
 # %% ../nbs/05_checkpointing.ipynb #4639f9ff
@@ -68,18 +68,6 @@ def _leaf_cotangents(f, args, kwargs, g):
     cts = pb(g)
     return list(cts) if len(leaves) > 1 else [cts]
 
-def _handed_out(cotangents, n):
-    """Per-input chains from `cotangents(g)`, which computes all `n` at once: the first chain a sweep calls runs
-    it, and each chain takes its own share away, so nothing handed out stays held by the tape."""
-    memo = threading.local()
-    def chain(i):
-        def chain_i(g):
-            pending = getattr(memo, 'pending', None)
-            if pending is None or i not in pending: memo.pending = pending = dict(enumerate(cotangents(g)))
-            return pending.pop(i)
-        return chain_i
-    return tuple(chain(i) for i in range(n))
-
 def make_recomputed_in_gradient(f, generators=()):
     """`f`, except that when it is differentiated its pullback runs `f` again instead of keeping the values
     `f`'s own pullback would save: less memory between the forward and the backward pass, one more forward run.
@@ -103,21 +91,20 @@ def make_recomputed_in_gradient(f, generators=()):
             log = engine._log.get()                        # the trace_primitives log open here, if any
             if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f
             with replaying(state): cts = _leaf_cotangents(f, args, kwargs, _cotangent_like(value, g))
-            gc.collect(1)         # the recorded tape sits in short-lived reference cycles: free its memory now
             return cts
         return value, leaf_cotangents
 
     # Chains that keep nothing: the pullback runs once per sweep and hands each cotangent out once.
     def structured_vwc(*leaves, rebuild, kwargs):
         value, leaf_cotangents = recomputed_vjp(*rebuild(leaves), **kwargs)
-        return value, _handed_out(leaf_cotangents, len(leaves))
+        return value, _split_chain(leaf_cotangents, len(leaves))
     def vwc(*args, **kwargs):                              # each argument an array, a number, or a constant
         value, leaf_cotangents = recomputed_vjp(*args, **kwargs)
         is_leaf = [bool(flatten(a, static_ok=True)[0]) for a in args]
         def per_argument(g):
             cts = iter(leaf_cotangents(g))
             return [next(cts) if leaf else None for leaf in is_leaf]
-        return value, _handed_out(per_argument, len(args))
+        return value, _split_chain(per_argument, len(args))
 
     fn = differentiable_function(recomputed_vjp, name=name, forward=f)   # its calling conventions; plain calls run f
     fn.vwc, fn.structured = vwc, Primitive(name, structured_vwc)

@@ -146,15 +146,18 @@ def _arg_cotangents(name, args, cts):
 def _split_chain(pullback, n):
     """Per-input chains from a pullback returning all `n` cotangents. A backward sweep calls the chains of one
     step one after another with the same cotangent, so the pullback runs once per sweep: each chain takes its
-    share of the last result, and a chain asking again (the next sweep) runs the pullback anew. The memo is
-    the thread's own: sweeps of one pullback may run in several threads at once."""
-    memo = threading.local()                            # .g, .cts = pullback(g), .pending: chains still to serve
+    share of the last result away (nothing handed out stays held), and a chain asking again (the next sweep)
+    runs the pullback anew. The memo is the thread's own: sweeps of one pullback may run in several threads."""
+    memo = threading.local()                            # .g, and .pending: {input: its cotangent, not yet handed out}
     def chain(i):
         def chain_i(g):
-            if getattr(memo, 'g', None) is not g or i not in memo.pending:
-                memo.g, memo.cts, memo.pending = g, pullback(g), set(range(n))
-            memo.pending.discard(i)
-            return memo.cts[i]
+            pending = getattr(memo, 'pending', None)
+            if not pending or memo.g is not g or i not in pending:
+                pending = dict(enumerate(pullback(g)))
+                memo.g, memo.pending = g, pending
+            ct = pending.pop(i)
+            if not pending: memo.g = memo.pending = None  # all handed out: hold nothing until the next sweep
+            return ct
         return chain_i
     return tuple(chain(i) for i in range(n))
 

@@ -237,7 +237,7 @@ def test_tracebacks_through_a_registered_function_show_the_users_file():
     assert all(f.filename != '<string>' for f in frames)
 
 def test_numpy_registrations_are_undone():
-    with pytest.raises(fd.NoDerivativeError): fd.gradient(lambda x: np.cbrt(x).sum(), np.ones(2))
+    close(fd.gradient(lambda x: np.cbrt(x).sum(), np.ones(2)), [1 / 3, 1 / 3])                 # fastad's own rule
     with fd.derivative(of=np.cbrt, vjp=lambda x: (np.cbrt(x), lambda g: g * 5)):
         close(fd.gradient(lambda x: np.cbrt(x).sum(), np.ones(2)), [5.0, 5.0])
         with fd.derivative(of=np.add, vjp=lambda a, b: (np.add(a, b), lambda g: (g * 3, g * 5))):
@@ -246,7 +246,7 @@ def test_numpy_registrations_are_undone():
             close(fd.gradient(lambda x: x.sum(), np.ones(2)), [7.0, 7.0])
     assert fd.gradient(lambda x, y: x + y, 1.0, 2.0) == (1.0, 1.0)
     close(fd.gradient(lambda x: x.sum(axis=0), np.ones(2)), [1.0, 1.0])                   # the engine's own sum again
-    with pytest.raises(fd.NoDerivativeError): fd.gradient(lambda x: np.cbrt(x).sum(), np.ones(2))
+    close(fd.gradient(lambda x: np.cbrt(x).sum(), np.ones(2)), [1 / 3, 1 / 3])                 # and its own cbrt
 
 def test_registration_errors_are_clear():
     with pytest.raises(DifferentiationError, match="derivative: `of` must be a function, not a float"): fd.derivative(of=3.0)
