@@ -30,9 +30,14 @@ def problem(msg):
     problems.append(msg); print(f"warning: {msg}", file=sys.stderr)
 
 # --- markdown: nbconvert's renderer, with MathML and links between pages -----------------------------------
+def page_name(stem):
+    "A notebook's page, named as nbdev names it (`03a_primitives` -> `primitives`), so links in fastad/_modidx.py work."
+    return re.sub(r'^\d+[a-zA-Z0-9]*_', '', stem.lower())
+
 def page_url(url):
     "A link to a notebook becomes a link to its page."
-    return re.sub(r'^([\w.-]+)\.ipynb(?=$|#)', r'\1.html', url)
+    m = re.match(r'^([\w.-]+)\.ipynb(#.*)?$', url)
+    return f'{page_name(m.group(1))}.html{m.group(2) or ""}' if m else url
 
 def mathml(tex, display):
     try: return latex_to_mathml(tex, display=display)
@@ -189,15 +194,14 @@ def public_names(init=ROOT / 'fastad' / '__init__.py'):
 def modidx():
     "nbdev's index: module -> notebook page, and fastad.module.name -> its anchor on that page."
     d = importlib.import_module('fastad._modidx').d['syms']
-    pages = {mod: Path(next(iter(syms.values()))[0]).with_suffix('.html').name.split('#')[0]
-             for mod, syms in d.items() if syms}
-    return pages, {k: v[0].replace('.ipynb', '.html') for syms in d.values() for k, v in syms.items()}
+    pages = {mod: next(iter(syms.values()))[0].split('#')[0] for mod, syms in d.items() if syms}
+    return pages, {k: v[0] for syms in d.values() for k, v in syms.items()}
 
 def api_reference(order):
     "HTML of the API reference: each public name's signature and docstring, grouped by the module defining it."
     fastad = importlib.import_module('fastad')
     pages, links = modidx()
-    rank = {stem: i for i, stem in enumerate(s for _, stems in order for s in stems)}
+    rank = {page_name(stem): i for i, stem in enumerate(s for _, stems in order for s in stems)}
     groups = {}
     for name in public_names():
         obj = getattr(fastad, name)
@@ -229,6 +233,19 @@ def registry():
     else: adapters = {}; problem("no _ADAPTERS in fastad.dispatch or fastad.engine")
     return P.UFUNC_PRIMITIVES, P.FUNCTION_PRIMITIVES, adapters, P.NONDIFFERENTIABLE
 
+def vwc_html(vwc):
+    "A VWC's code, the derivative beside the forward: shown whole when short, folded when long."
+    try: src = inspect.getsource(vwc)
+    except (OSError, TypeError): return html.escape(inspect.getdoc(vwc) or '')
+    lines = [l for l in inspect.cleandoc(src).splitlines() if not l.lstrip().startswith('@')]
+    code = highlight_python('\n'.join(lines))
+    return code if len(lines) <= 3 else f'<details><summary><code>{html.escape(lines[0])}</code></summary>{code}</details>'
+
+def highlight_python(code):
+    from pygments import highlight
+    from pygments.lexers import PythonLexer
+    return highlight(code, PythonLexer(), HtmlFormatter())
+
 def numpy_table():
     "HTML of the table of NumPy functions with a derivative, and the list of those without one."
     ufuncs, functions, adapters, nondiff = registry()
@@ -239,10 +256,10 @@ def numpy_table():
         prim = ufuncs.get(f) or functions.get(f)
         vwc = getattr(prim, 'vwc', None)
         link = links.get(f'fastad.primitives.{vwc.__name__}') if vwc else None
-        derivative = (inspect.getdoc(vwc) or '').split('\n')[0] if vwc else ''
-        how = 'ufunc' if f in ufuncs else ('function, through an adapter' if f in adapters else 'function')
+        derivative = vwc_html(vwc) if vwc else '<span class="from">arguments mapped onto a primitive in the engine</span>'
+        how = 'ufunc' if f in ufuncs else ('function (adapter)' if f in adapters else 'function')
         prim_cell = f'<a href="{link}"><code>{prim.name}</code></a>' if link else (f'<code>{prim.name}</code>' if prim else '')
-        rows.setdefault(name, (name, how, prim_cell, markdown(derivative, exclude_anchor_links=True)))
+        rows.setdefault(name, (name, how, prim_cell, derivative))
     body = '\n'.join(f'<tr><td><code>{n}</code></td><td>{h}</td><td>{p}</td><td>{d}</td></tr>' for n, h, p, d in
                      sorted(rows.values()))
     plain = sorted({f'numpy.{f.__name__}' for f in nondiff})
@@ -251,7 +268,7 @@ def numpy_table():
             f'<code>__array_ufunc__</code>, a function through <code>__array_function__</code> (an adapter maps '
             f'its arguments onto a primitive). Each primitive links to its value-with-chain function. Made from '
             f'<code>fastad.primitives</code>\' registry, so it is always the real list.</p>\n'
-            f'<table class="registry"><thead><tr><th>NumPy</th><th>kind</th><th>primitive</th><th>its VWC</th></tr>'
+            f'<table class="registry"><thead><tr><th>NumPy</th><th>kind</th><th>primitive</th><th>its VWC: the value and the chain</th></tr>'
             f'</thead><tbody>\n{body}\n</tbody></table>\n<h2 id="nondifferentiable">Without a derivative</h2>\n'
             f'<p>These {len(plain)} run on the plain values and give results that are constants: comparisons, '
             f'rounding, shapes, indices. Differentiating through them gives no gradient, by design.</p>\n'
@@ -272,7 +289,7 @@ def contents_html(nav, pages):
         if not items: continue
         if title: out.append(f'<h3>{html.escape(title)}</h3>')
         out.append('<ol class="contents">' + ''.join(
-            f'<li><a href="{s}.html">{html.escape(pages[s][0])}</a>{markdown(pages[s][1], exclude_anchor_links=True)}</li>'
+            f'<li><a href="{page_name(s)}.html">{html.escape(pages[s][0])}</a>{markdown(pages[s][1], exclude_anchor_links=True)}</li>'
             for s in items) + '</ol>')
     return '\n'.join(out)
 
@@ -285,6 +302,7 @@ def build(out=ROOT / '_site'):
     if out.exists(): shutil.rmtree(out)
     out.mkdir(parents=True)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ASSETS), autoescape=False)
+    env.filters['page'] = page_name
     page = env.get_template('page.html.j2')
     order = course_order()
     pages = {}                                                       # stem -> (title, summary, body)
@@ -306,11 +324,12 @@ def build(out=ROOT / '_site'):
         title, body = (pages[stem][0], pages[stem][2]) if stem in pages else extra[stem]
         i = course.index(stem) if stem in course else None
         prev_, next_ = ((course[i - 1] if i else None), (course[i + 1] if i + 1 < len(course) else None)) if i is not None else (None, None)
-        link = lambda s: s and {'href': f'{s}.html', 'title': pages[s][0]}
+        link = lambda s: s and {'href': f'{page_name(s)}.html', 'title': pages[s][0]}
         html_ = page.render(title=title, body=body, nav=nav, current=stem, prev=link(prev_), next=link(next_),
                             site_title='fastad')
-        (out / f'{stem}.html').write_text(re.sub(r'href="([\w.-]+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', html_))
-        written.append(out / f'{stem}.html')
+        dest = out / f'{page_name(stem)}.html'
+        dest.write_text(re.sub(r'href="([\w.-]+\.ipynb(#[^"]*)?)"', lambda m: f'href="{page_url(m.group(1))}"', html_))
+        written.append(dest)
     css = (ASSETS / 'site.css').read_text() + '\n/* code colours: pygments */\n' + HtmlFormatter(style='default').get_style_defs('.highlight')
     (out / 'site.css').write_text(css)
     return written
