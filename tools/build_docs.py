@@ -197,7 +197,7 @@ def modidx():
     pages = {mod: next(iter(syms.values()))[0].split('#')[0] for mod, syms in d.items() if syms}
     return pages, {k: v[0] for syms in d.values() for k, v in syms.items()}
 
-def api_reference(order):
+def api_reference(order, titles={}):
     "HTML of the API reference: each public name's signature and docstring, grouped by the module defining it."
     fastad = importlib.import_module('fastad')
     pages, links = modidx()
@@ -214,7 +214,7 @@ def api_reference(order):
         page = pages.get(mod)
         head = 'Modules' if mod == 'modules' else f'<code>{mod}</code>'
         out.append(f'<h2 id="{mod}">{head}</h2>')
-        if page: out.append(f'<p class="from">Built in <a href="{page}">{page[:-5]}</a>.</p>')
+        if page: out.append(f'<p class="from">Built in <a href="{page}">{html.escape(titles.get(page[:-5], page[:-5]))}</a>.</p>')
         for name, obj in groups[mod]:
             full = obj.__name__ if inspect.ismodule(obj) else f'{mod}.{getattr(obj, "__name__", name)}'
             link = pages.get(full) if inspect.ismodule(obj) else links.get(full)
@@ -312,7 +312,8 @@ def build(out=ROOT / '_site'):
             else: problem(f"nbs/sidebar.yml lists {stem}.ipynb, which does not exist")
     nav = [(title, [(stem, pages[stem][0]) for stem in stems if stem in pages]) for title, stems in order]
     course = [stem for _, stems in nav for stem, _ in stems]
-    extra = {'api': ('API reference', api_reference(order)), 'numpy': ('NumPy functions', numpy_table())}
+    titles = {page_name(stem): t for stem, (t, _, _) in pages.items()}
+    extra = {'api': ('API reference', api_reference(order, titles)), 'numpy': ('NumPy functions', numpy_table())}
     bench = benchmarks()
     if bench: extra['benchmarks'] = ('Benchmarks', bench)
     nav.append(('Reference', [(stem, title) for stem, (title, _) in extra.items()]))
