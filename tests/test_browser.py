@@ -112,7 +112,8 @@ def jupyterlab(tmp_path):
                              f'--IdentityProvider.token={token}', f'--ServerApp.root_dir={tmp_path / "lesson"}',
                              '--ServerApp.port_retries=0'],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, 'JUPYTER_CONFIG_DIR': str(tmp_path / 'config'),
+                            env={**{k: v for k, v in os.environ.items() if k != 'MPLBACKEND'},   # plots inline, as for a learner
+                                 'JUPYTER_CONFIG_DIR': str(tmp_path / 'config'),
                                  'JUPYTERLAB_SETTINGS_DIR': str(tmp_path / 'settings'),
                                  'JUPYTERLAB_WORKSPACES_DIR': str(tmp_path / 'workspaces')})
     try:
