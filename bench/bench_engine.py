@@ -14,6 +14,7 @@ Nothing here asserts a timing; it prints ratios and the goals beside them.
 import argparse, math, time
 import numpy as np
 import fastad as fd
+from fastad.data import progress
 
 # --- workload 1: the MLP step -------------------------------------------------------------------------
 class MLP(fd.Differentiable):
@@ -85,13 +86,13 @@ def jax_contender(m, x, y):
     jx, jy = jnp.asarray(x), jnp.asarray(y)
     return lambda: jax.block_until_ready(vg(p, jx, jy))
 
-def interleaved(contenders, repeats):
+def interleaved(contenders, repeats, desc='rounds'):
     """Seconds per round of each contender: every round runs each once, `repeats` rounds after a warm-up.
     The order rotates from round to round, so that no contender always follows the same neighbour: one that
     allocates a lot leaves the allocator and caches in a state the next one pays for."""
     names = list(contenders)
     times = {name: [] for name in names}
-    for round_ in range(repeats + 1):
+    for round_ in progress(range(repeats + 1), desc=desc):   # on stderr, cleared when done: the table stays clean
         order = names[round_ % len(names):] + names[:round_ % len(names)]
         for name in order:
             start = time.perf_counter(); contenders[name](); elapsed = time.perf_counter() - start
@@ -138,7 +139,7 @@ def bench_mlp(repeats, n=60_000):
     for name, make in (('pytorch eager', torch_contender), ('jax, no jit', jax_contender)):
         f = make(model, x, y)
         if f is not None: contenders[name] = f
-    rounds = interleaved(contenders, repeats)
+    rounds = interleaved(contenders, repeats, 'MLP step')
     t = {name: float(np.median(v)) for name, v in rounds.items()}
     gemm_flops = 2 * n * m_in * nh * 2 + 2 * n * nh * 1 * 2 + 2 * n * nh * 1   # x@w1, x.T@g; l2@w2, l2.T@g; g@w2.T
     print(f"\nMLP step on {n:,} x {m_in} float32 ({source}), {nh} hidden, MSE (median of {repeats}, interleaved)")
@@ -209,7 +210,7 @@ def bench_scalar(repeats):
         import torch  # noqa: F401
         contenders['pytorch eager'] = lambda: torch_scalar(0.3)
     except ImportError: pass
-    rounds = interleaved(contenders, repeats)
+    rounds = interleaved(contenders, repeats, 'scalar chain')
     t = {name: float(np.median(v)) for name, v in rounds.items()}
     print(f"\nGradient of a chain of {n_ops:,} scalar operations, float64 (median of {repeats}, interleaved)")
     for name, s in t.items(): print(f"  {name:30s} {s / n_ops * 1e6:8.2f} us/op")

@@ -20,7 +20,7 @@ def test_readme_drops_hidden_cells_and_directives():
 def test_readme_opens_with_the_two_commands():
     first, second = shell_blocks()[:2]
     assert readme().index('```sh') < readme().index('## '), "the two commands come before any section"
-    assert first.startswith('python3 -m venv .venv && ') and "pip install -e '.[dev]'" in first and 'jupyter lab' in first
+    assert first.startswith('python3 -m venv .venv && ') and "pip install -e '.[course,dev]'" in first and 'jupyter lab' in first
     assert second.startswith('python3 -m venv .venv && ') and 'nbdev_test' in second
     assert second.rstrip().endswith('&& .venv/bin/pytest'), "pytest runs last: its summary closes the run"
 

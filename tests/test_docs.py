@@ -1,0 +1,188 @@
+"""The course on the web: the Quarto site's configuration stays correct, and tools/build_docs.py builds the site offline."""
+import html, importlib, inspect, json, pkgutil, re, subprocess, sys
+from pathlib import Path
+import pytest, yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NBS = ROOT / 'nbs'
+sys.path.insert(0, str(ROOT / 'tools'))
+import build_docs
+
+def cells(stem):
+    return json.loads((NBS / f'{stem}.ipynb').read_text())['cells']
+
+def source(cell): return ''.join(cell['source'])
+
+def directives(cell):
+    return {m for m in re.findall(r'^\s*#\s*\|\s*([\w-]+)', source(cell), re.M)} if cell['cell_type'] == 'code' else set()
+
+def sidebar_stems():
+    return [s for _, stems in build_docs.course_order() for s in stems]
+
+# --- 1. the Quarto site's configuration -------------------------------------------------------------------
+def test_quarto_config_at_the_top_level_with_the_sidebar():
+    cfg = yaml.safe_load((ROOT / '_quarto.yml').read_text())
+    assert cfg['project']['type'] == 'website'
+    assert 'sidebar.yml' in cfg['metadata-files'] and 'nbdev.yml' in cfg['metadata-files']
+    assert (NBS / '_quarto.yml').resolve() == ROOT / '_quarto.yml', "nbs/_quarto.yml links to the top-level one"
+
+def test_the_index_page_is_the_readmes_notebook():
+    settings = (ROOT / 'settings.ini').read_text()
+    assert re.search(r'^readme_nb\s*=\s*index\.ipynb\s*$', settings, re.M)
+    assert sidebar_stems()[0] == 'index', "the sidebar opens with the index page"
+
+def lesson_rank(stem):
+    "0 for the index, 1 for lessons 01-05 and their sub-notebooks (03a_...), 2 for the appendix (00_...)."
+    if stem == 'index': return 0
+    return 1 if re.match(r'0[1-9]', stem) else 2
+
+@pytest.mark.xfail(strict=True, reason="nbs/sidebar.yml still lists the foundation notebooks (00_*) before the "
+                   "lessons; the course order puts lessons 01-05 first and the appendix after")
+def test_sidebar_lists_the_lessons_first_then_the_appendix():
+    stems = sidebar_stems()
+    ranks = [lesson_rank(s) for s in stems]
+    assert ranks == sorted(ranks), f"order should be index, lessons 01-05 (with sub-notebooks), then 00_*: {stems}"
+    lessons = [s for s in stems if lesson_rank(s) == 1]
+    assert lessons == sorted(lessons), f"lessons in number order: {lessons}"
+
+def test_every_numbered_notebook_is_in_the_sidebar():
+    missing = sorted({p.stem for p in NBS.glob('[0-9]*.ipynb')} - set(sidebar_stems()))
+    assert not missing, f"add to nbs/sidebar.yml: {missing}"
+
+def public_objects():
+    fastad = importlib.import_module('fastad')
+    return {n: getattr(fastad, n) for n in build_docs.public_names()}
+
+def test_every_public_name_of_fastad_has_a_docstring():
+    missing = [n for n, o in public_objects().items() if not inspect.getdoc(o)]
+    assert not missing, f"give these a docstring: {missing}"
+
+def undocumented_exports():
+    import fastad
+    out = []
+    for m in pkgutil.iter_modules(fastad.__path__):
+        if m.name.startswith('_'): continue
+        mod = importlib.import_module(f'fastad.{m.name}')
+        out += [f'{m.name}.{n}' for n in getattr(mod, '__all__', [])
+                if (inspect.isfunction(getattr(mod, n)) or inspect.isclass(getattr(mod, n))) and not inspect.getdoc(getattr(mod, n))]
+    return out
+
+@pytest.mark.xfail(strict=True, reason="the VWCs in 03a_primitives (add_vwc, ...) and zeros/ones/arange in 00_backend "
+                   "are exported without docstrings; their notebooks are being reworked")
+def test_every_exported_function_has_a_docstring():
+    missing = undocumented_exports()
+    assert not missing, f"exported without a docstring ({len(missing)}): {missing}"
+
+def exported_names(stem):
+    "Public functions and classes a notebook's `#| export` cells define (what nbdev's add_show_docs documents)."
+    import ast
+    names = []
+    for c in cells(stem):
+        if c['cell_type'] != 'code' or not directives(c) & {'export', 'exports'} or 'hide' in directives(c): continue
+        try: tree = ast.parse(re.sub(r'^\s*[%!].*$', '', source(c), flags=re.M))
+        except SyntaxError: continue
+        names += [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith('_')]
+    return names
+
+def test_notebooks_without_show_doc_cells_are_reported(capsys):
+    "nbdev's docs (and this build) add show_doc for each exported name; these notebooks rely on that."
+    bare = [p.stem for p in sorted(NBS.glob('*.ipynb')) if exported_names(p.stem)
+            and not any('show_doc(' in source(c) for c in cells(p.stem))]
+    with capsys.disabled(): print(f"\nnotebooks with exported names and no show_doc cell of their own: {bare}")
+    assert all(s in sidebar_stems() for s in bare)
+
+# --- 2. the offline build ---------------------------------------------------------------------------------
+def build_site(tmp_path_factory):
+    "Build once per test session (both test files use it): the real command, in a fresh process."
+    out = tmp_path_factory.getbasetemp() / 'site'
+    if not (out / 'index.html').exists():
+        run = subprocess.run([sys.executable, str(ROOT / 'tools' / 'build_docs.py'), '--out', str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert 'warning' not in run.stderr, f"the build could not render everything:\n{run.stderr}"
+    return out
+
+@pytest.fixture(scope='session')
+def site(tmp_path_factory): return build_site(tmp_path_factory)
+
+def text(page):
+    "A page's visible text, tags dropped and whitespace squeezed."
+    body = re.sub(r'<(script|style)\b.*?</\1>', ' ', page, flags=re.S)
+    return re.sub(r'\s+', ' ', html.unescape(re.sub(r'<[^>]+>', ' ', body))).strip()
+
+def squeeze(s): return re.sub(r'\s+', '', s)   # highlighting splits code into tokens: compare without spaces
+
+def test_one_page_per_notebook_and_the_reference_pages(site):
+    expected = {build_docs.page_name(s) for s in sidebar_stems()} | {'api', 'numpy', 'benchmarks'}
+    assert {p.stem for p in site.glob('*.html')} == expected
+    assert (site / 'site.css').stat().st_size > 1000
+
+@pytest.mark.parametrize('stem', [p.stem for p in sorted(NBS.glob('[0-9]*.ipynb'))])
+def test_a_notebook_page_shows_what_nbdev_shows(site, stem):
+    page = (site / f'{build_docs.page_name(stem)}.html').read_text()
+    shown = squeeze(text(page))
+    assert '#|' not in shown, "directives are stripped from the code shown"
+    title = re.search(r'^#\s+(.+)$', source(next(c for c in cells(stem) if c['cell_type'] == 'markdown')), re.M).group(1)
+    assert f'<title>{html.escape(title, quote=False)} · fastad</title>' in page
+    for c in cells(stem):
+        d = directives(c)
+        body = squeeze(re.sub(r'^\s*#\s*\|.*$', '', source(c), flags=re.M))
+        if d & {'hide', 'export', 'exporti', 'default_exp'} and len(body) > 30:
+            assert body not in shown, f"a {sorted(d)} cell is on the page: {body[:80]}"
+        elif c['cell_type'] == 'code' and not d and len(body) > 10:
+            assert body in shown, f"a code cell is missing from the page: {body[:80]}"
+            for o in c.get('outputs', []):          # its saved outputs, as text or as an image
+                txt = squeeze(''.join(o.get('text', '') or o.get('data', {}).get('text/plain', '')))
+                if 'image/png' in o.get('data', {}): assert o['data']['image/png'][:60].strip() in page
+                elif txt and o.get('output_type') != 'error': assert html.unescape(txt)[:200] in shown
+    for name in exported_names(stem):
+        assert f'id="{name.lower()}"' in page, f"exported {name} has no documentation on its page"
+
+def test_math_is_mathml_and_needs_no_script(site):
+    page = (site / 'fully_connected.html').read_text()
+    assert page.count('<math') >= 10 and '$\\sqrt{784}$' not in text(page)
+    for p in site.glob('*.html'):
+        pg = p.read_text()
+        assert '<script' not in pg and not re.search(r'(src|href)="(https?:)?//', pg.split('<article', 1)[0]), \
+            f"{p.name} loads something from the web"
+
+def test_links_between_pages_resolve(site):
+    ids = {p.name: set(re.findall(r'\bid="([^"]+)"', p.read_text())) for p in site.glob('*.html')}
+    broken = []
+    for p in site.glob('*.html'):
+        for href in re.findall(r'href="([^"]+)"', p.read_text()):
+            if re.match(r'[a-z]+:', href) or href.startswith('//'): continue
+            target, _, frag = href.partition('#')
+            target = target or p.name
+            if target.endswith('.css'): continue
+            if target not in ids or (frag and frag not in ids[target]): broken.append(f'{p.name} -> {href}')
+    assert not broken, broken
+
+def test_index_lists_the_course_in_sidebar_order(site):
+    page = (site / 'index.html').read_text()
+    contents = page.split('id="contents"', 1)[1]
+    linked = re.findall(r'<li><a href="([\w.-]+)\.html"', contents)
+    assert linked == [build_docs.page_name(s) for s in sidebar_stems() if s != 'index']
+    assert 'What this is' in text(page), "the index carries the README's content"
+
+def test_api_reference_documents_every_public_name(site):
+    page = (site / 'api.html').read_text()
+    for name, obj in public_objects().items():
+        assert f'id="{name.lower()}"' in page, name
+        first = (inspect.getdoc(obj) or '').split('\n')[0]
+        assert squeeze(html.unescape(re.sub(r'`', '', first)))[:40] in squeeze(text(page)), name
+    assert page.index('<code>fastad.backend</code>') < page.index('<code>fastad.transforms</code>'), "grouped, in course order"
+
+def test_numpy_table_is_the_registry(site):
+    P = importlib.import_module('fastad.primitives')
+    ufuncs, functions, adapters, nondiff = build_docs.registry()
+    page = (site / 'numpy.html').read_text()
+    table, rest = page.split('id="nondifferentiable"', 1)
+    rows = set(re.findall(r'<tr><td><code>numpy\.(\w+)</code>', table))
+    assert rows == {f.__name__ for f in [*ufuncs, *functions, *adapters]}
+    assert {f.__name__ for f in nondiff} == set(re.findall(r'<code>numpy\.(\w+)</code>', rest))
+    assert not rows & {f.__name__ for f in nondiff}
+
+def test_benchmarks_page_shows_the_benchmarks_tables(site):
+    page = (site / 'benchmarks.html').read_text()
+    assert '<table>' in page and 'fastad value_with_gradient' in text(page)
