@@ -106,7 +106,7 @@ def _divided(name, m, gap, tie, used, what):
 
 def cholesky_vwc(a, *, upper=False):
     "L with A = LLᵀ (U = Lᵀ with `upper`); NumPy reads only A's lower (upper) triangle, and so does the slope."
-    l = np.linalg.cholesky(a)
+    l = _T(np.linalg.cholesky(a, upper=True)) if upper else np.linalg.cholesky(a)   # each reads its own triangle
     def chain(g):
         if upper: g = _T(g)
         p = _T(l) @ g
