@@ -8,6 +8,7 @@ from .backend import set_backend, use_backend, get_backend, use_gpu, gpu_availab
 from .primitives import relu, logsumexp, log_softmax
 from .engine import trace, trace_primitives
 from . import dispatch                    # registers the NumPy adapters in the engine's table
+from . import linalg                      # and those of numpy.linalg
 from .dispatch import put_along_axis, supported_functions
 from .tree import Differentiable, nondifferentiable
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,

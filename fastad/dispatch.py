@@ -712,7 +712,9 @@ GROUPS = {
                                     np.column_stack, np.append, np.block, np.split, np.array_split, np.hsplit,
                                     np.vsplit, np.dsplit, np.unstack),
     'building arrays': _names(np.linspace, np.logspace, np.full_like, np.copy),
-    'linear algebra': _names(),
+    'linear algebra': _names(np.linalg.inv, np.linalg.solve, np.linalg.det, np.linalg.slogdet, np.linalg.cholesky,
+                             np.linalg.eigh, np.linalg.eigvalsh, np.linalg.svd, np.linalg.svdvals, np.linalg.pinv,
+                             np.linalg.qr, np.linalg.matrix_power, np.linalg.cond),   # their rules: fastad.linalg (03a2)
 }
 _GROUP_OF = {f: g for g, fs in GROUPS.items() for f in fs}
 

@@ -200,7 +200,7 @@ class Traced:
         prim = FUNCTION_PRIMITIVES.get(func)
         if prim is not None: return apply(prim, args, kwargs) if type(prim) is Primitive else prim(*args, **kwargs)
         if func in NONDIFFERENTIABLE: return func(*unbox_all(args), **unbox_all(kwargs))
-        raise _no_derivative(f"{getattr(func, '__module__', None) or 'numpy'}.{func.__name__}")   # numpy.linalg.inv, ...
+        raise _no_derivative(f"{getattr(func, '__module__', None) or 'numpy'}.{func.__name__}")   # numpy.linalg.eig, ...
 
     @staticmethod
     def __fastad_primitive__(prim, args, kwargs): return apply(prim, args, kwargs)

@@ -32,6 +32,7 @@ def _wrap(x):
     if t is np.ndarray: return StrictArray(x)
     if isinstance(x, np.generic) and not isinstance(x, (np.str_, np.bytes_)): return StrictArray(np.asarray(x))
     if t is tuple or t is list: return t(_wrap(o) for o in x)
+    if isinstance(x, tuple) and hasattr(x, '_fields'): return t(*(_wrap(o) for o in x))   # NumPy's named results (eigh, svd)
     return x
 
 def _foreign(objs):
