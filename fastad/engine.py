@@ -58,6 +58,12 @@ def _complex(name):
         f"would give silently wrong gradients). Keep the computation real: carry the real and imaginary parts "
         f"as two real arrays, or use without_derivative(x) if no gradient should flow")
 
+def _refuse_complex(name, ans):
+    dtype = getattr(ans, 'dtype', None)
+    if (type(ans) is complex) if dtype is None else dtype.kind == 'c': raise _complex(name)
+
+def _shape(v): return () if type(v) in _NUMBERS else np.shape(v)    # np.shape(0.5) makes an array to ask
+
 def apply(prim, args, kwargs=_NO_KWARGS):
     "Run primitive `prim` on `args`, recording it on the innermost trace among them."
     x = args[0]
@@ -71,6 +77,8 @@ def apply(prim, args, kwargs=_NO_KWARGS):
         t.value, t.trace, t.idx = ans, trace, len(tape)
         tape.append((prim.name, ((x.idx, chain),)))
         return t
+    if len(args) == 2 and not prim.unary and type(x) is Traced and type(args[1]) is Traced and x.trace is args[1].trace:
+        return _apply_two(prim, x, args[1], kwargs)   # both operands of one trace: `x * y`
     top = None
     for a in args:
         if type(a) is Traced and (top is None or a.trace.level > top.level): top = a.trace
@@ -80,17 +88,32 @@ def apply(prim, args, kwargs=_NO_KWARGS):
     ans, chains = prim.vwc(*vals, **kwargs)
     # A real input meets a complex constant only here (a Python number's fast path takes floats and ints), so
     # checking this path, and astype, keeps complex values off the tape without slowing the unary fast path.
-    dtype = getattr(ans, 'dtype', None)
-    if (type(ans) is complex) if dtype is None else dtype.kind == 'c': raise _complex(prim.name)
+    _refuse_complex(prim.name, ans)
     parents = []
     for a, v, chain in zip(args, vals, chains):
         if chain is None or type(a) is not Traced or a.trace is not top: continue   # constants: chain never runs
         if prim.broadcasts:
-            shape = np.shape(v)
-            if shape != np.shape(ans): chain = _unbroadcasting(chain, shape)
+            shape = _shape(v)
+            if shape != _shape(ans): chain = _unbroadcasting(chain, shape)
         parents.append((a.idx, chain))
     if _logging: _record('forward', prim.name)
     return _new(top, ans, (prim.name, parents))
+
+def _apply_two(prim, x, y, kwargs):
+    "`apply` for two operands of one trace: the same steps as the general path, unrolled."
+    trace = x.trace
+    if not trace.active: raise _finished()
+    ans, (cx, cy) = prim.vwc(x.value, y.value, **kwargs) if kwargs else prim.vwc(x.value, y.value)
+    if type(ans) is not float:                        # a float result came from two numbers: real, not broadcast
+        _refuse_complex(prim.name, ans)               # (a float ** a float can be complex)
+        if prim.broadcasts:
+            shape, sx, sy = _shape(ans), _shape(x.value), _shape(y.value)
+            if sx != shape and cx is not None: cx = _unbroadcasting(cx, sx)
+            if sy != shape and cy is not None: cy = _unbroadcasting(cy, sy)
+    if _logging: _record('forward', prim.name)
+    if cx is None or cy is None:                      # a chain of None: that input gets no cotangent
+        return _new(trace, ans, (prim.name, tuple((a.idx, c) for a, c in ((x, cx), (y, cy)) if c is not None)))
+    return _new(trace, ans, (prim.name, ((x.idx, cx), (y.idx, cy))))
 
 def apply_scalar(prim, x, c, reflected):
     "`x op c` (or `c op x` when `reflected`) for a Python float or int `c`: no broadcasting, one parent."
@@ -199,7 +222,9 @@ class Traced:
         if adapter is not None: return adapter(*args, **kwargs)
         prim = FUNCTION_PRIMITIVES.get(func)
         if prim is not None: return apply(prim, args, kwargs) if type(prim) is Primitive else prim(*args, **kwargs)
-        if func in NONDIFFERENTIABLE: return func(*unbox_all(args), **unbox_all(kwargs))
+        if func in NONDIFFERENTIABLE:                 # np.shape(x) in layer code: worth not walking a structure
+            return func(*[unbox(a) if type(a) is Traced else unbox_all(a) for a in args],
+                        **(unbox_all(kwargs) if kwargs else kwargs))
         raise _no_derivative(f"{getattr(func, '__module__', None) or 'numpy'}.{func.__name__}")   # numpy.linalg.eig, ...
 
     @staticmethod

@@ -380,3 +380,54 @@ def test_index_methods_give_plain_results():
         assert a.all() == False and a.any() == True
         return a.sum()
     fd.gradient(f, np.array([0.0, 2.0, 1.0]))
+
+# --- two traced operands of one trace: the unrolled path of `apply` ---------------------------------
+@pytest.mark.parametrize('x, y', [
+    (0.3, 0.2),                                              # Python floats: the result is a float, nothing to unbroadcast
+    (np.float64(0.3), np.float64(0.2)),                      # NumPy scalars
+    (np.ones((2, 3)) * 0.5, np.arange(3.) + 1),              # y broadcast along rows
+    (np.arange(3.).reshape(3, 1) + 1, np.ones((1, 4)) * 2),  # both broadcast
+    (np.ones((2, 3)), np.float64(2.0)), (np.ones((2, 3)), 2.0), (2.0, np.ones((2, 3))),   # a scalar against an array
+])
+@pytest.mark.parametrize('op', ['add', 'sub', 'mul', 'div', 'pow', 'max'])
+def test_two_traced_operands_unbroadcast_like_the_general_path(x, y, op):
+    f = {'add': lambda a, b: a + b, 'sub': lambda a, b: a - b, 'mul': lambda a, b: a * b, 'div': lambda a, b: a / b,
+         'pow': lambda a, b: a ** b, 'max': np.maximum}[op]
+    gx, gy = fd.gradient(lambda a, b: np.sum(f(a, b) * f(b, a)), x, y)
+    eps = 1e-6
+    h = lambda a, b: float(np.sum(f(a, b) * f(b, a)))
+    def num(i):
+        args = [np.array(x, float), np.array(y, float)]
+        d = np.zeros_like(args[i])
+        for k in np.ndindex(d.shape):
+            up, down = [a.copy() for a in args], [a.copy() for a in args]
+            up[i][k] += eps; down[i][k] -= eps
+            d[k] = (h(*up) - h(*down)) / (2 * eps)
+        return d
+    assert np.shape(gx) == np.shape(x) and np.shape(gy) == np.shape(y)
+    assert type(gx) is type(x) and type(gy) is type(y)
+    close(gx, num(0), 1e-5); close(gy, num(1), 1e-5)
+
+def test_two_traced_floats_record_both_parents_once():
+    t = Trace(); x, y = t.new_input(0.3), t.new_input(0.2)
+    z = x * y
+    t.active = False
+    assert type(z.value) is float and t.tape[z.idx][0] == 'multiply'
+    assert [j for j, _ in t.tape[z.idx][1]] == [x.idx, y.idx]
+
+def test_two_traced_floats_refuse_a_complex_power():
+    with pytest.raises(DifferentiationError, match="power: its result is complex"):
+        fd.gradient(lambda x, y: x ** y, -2.0, 0.5)
+
+def test_two_traced_operands_with_a_chain_of_none():
+    "A primitive may give one input no chain (an index, say): with both traced, that input gets zeros."
+    def scaled_vwc(x, s): return x * s, (lambda g: g * s, None)
+    scaled = P.Primitive('scaled', scaled_vwc, broadcasts=True)
+    gx, gs = fd.gradient(lambda x, s: np.sum(scaled(x, s)), np.ones((2, 3)), np.arange(3.))
+    close(gx, np.tile(np.arange(3.), (2, 1))); close(gs, np.zeros(3))
+
+def test_shape_queries_on_traced_values_are_plain():
+    t = Trace(); x = t.new_input(np.ones((2, 3)))
+    assert np.shape(x) == (2, 3) and np.ndim(x) == 2 and np.size(x) == 6 and np.shape(x.value) == (2, 3)
+    assert np.result_type(x, np.float32) == np.float64
+    t.active = False
