@@ -120,6 +120,7 @@ def apply_scalar(prim, x, c, reflected):
     trace = x.trace
     if not trace.active: raise _finished()
     ans, chains = prim.vwc(c, x.value) if reflected else prim.vwc(x.value, c)
+    if type(ans) is complex: raise _complex(prim.name)     # Python's (-2.0) ** 0.5 is complex, not NaN
     if _logging: _record('forward', prim.name)
     t = Traced.__new__(Traced)
     tape = trace.tape

@@ -159,3 +159,9 @@ def test_einsum_size_one_axis_beside_a_letter_summed_alone():
 def test_third_derivative_through_indexing():
     def d(f): return lambda x: fd.gradient(lambda y: f(y).sum(), x)
     close(d(d(d(lambda z: z[1:] ** 4)))(np.full(3, 2.0)), [0.0, 48.0, 48.0])    # d^3/dz^3 z^4 = 24 z
+
+def test_a_float_to_a_fractional_power_that_is_complex_is_refused():
+    "Python's (-2.0) ** 0.5 is a complex number (NumPy's is NaN): the fast path for Python numbers must refuse it too."
+    with pytest.raises(DifferentiationError, match="complex"): fd.gradient(lambda x: x ** 0.5, -2.0)
+    with pytest.raises(DifferentiationError, match="complex"): fd.gradient(lambda x: (-2.0) ** x, 0.5)
+    assert fd.gradient(lambda x: x ** 0.5, 4.0) == 0.25                     # a real result is fine
