@@ -502,7 +502,8 @@ def scan_draw(data):
 spec("np.cumsum", ["numpy.cumsum"], lambda x, axis: np.cumsum(x, axis=axis), scan_draw, note='axis None flattens; size-0 axes too')
 spec("x.cumsum", ["Traced.cumsum"], lambda x, axis: x.cumsum(axis), scan_draw)
 spec("np.cumprod", ["numpy.cumprod"], lambda x, axis: np.cumprod(x, axis=axis), scan_draw, note='no zeros (those: test_primitives_breadth)')
-spec("x.cumprod", ["Traced.cumprod"], lambda x, axis: x.cumprod(axis), scan_draw)
+spec("x.cumprod", ["Traced.cumprod"], lambda x, axis: x.cumprod(axis), scan_draw, host_only=True,
+     note="NumPy backend only: strict arrays have no .cumprod() to compare with")
 
 def cumulative_draw(data):
     shape = data.draw(shape_st(min_dims=1))
@@ -526,8 +527,8 @@ def diff_draw(data):
     for edge in ('prepend', 'append'):
         if data.draw(st.booleans(), label=edge): kw[edge] = number(data)
     return [values(data, shape)], kw
-spec("np.diff", ["numpy.diff"], lambda x, **k: np.diff(x, **k), diff_draw, note='n = 0, 1, 2 (past the length: empty), '
-     'scalar prepend/append')
+spec("np.diff", ["numpy.diff"], lambda x, **k: np.diff(x, **k), diff_draw, float64_value=True, note='n = 0, 1, 2 (past the '
+     'length: empty), Python-float prepend/append (NumPy makes them float64 arrays: a float64 result)')
 
 VECTOR_ORDS, MATRIX_ORDS = [None, 1, 2, np.inf, -np.inf, 0.5, 3, -1], [None, 'fro', 1, -1, np.inf, -np.inf]
 def norm_draw(data):
@@ -594,10 +595,12 @@ def multi_dot_draw(data):
 spec("np.linalg.multi_dot", ["numpy.multi_dot"], lambda *xs: np.linalg.multi_dot(xs), multi_dot_draw, exact=False,
      note='2-4 matrices, the first and last possibly 1-d')
 def vecdot_draw(data):
-    sa, sb = data.draw(mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=3, max_side=3)).input_shapes
-    return [values(data, sa), values(data, sb)], dict(axis=data.draw(st.integers(-min(len(sa), len(sb)), -1)))
+    sa, sb = (list(s) for s in data.draw(mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=3, max_side=3)).input_shapes)
+    axis = data.draw(st.integers(-min(len(sa), len(sb)), -1))
+    sa[axis] = sb[axis] = data.draw(st.integers(0, 3))             # the summed axis: one length on both sides
+    return [values(data, tuple(sa)), values(data, tuple(sb))], dict(axis=axis)
 spec("np.linalg.vecdot", ["numpy.vecdot"], lambda a, b, axis: np.linalg.vecdot(a, b, axis=axis), vecdot_draw, exact=False,
-     note='broadcast inputs, any axis of the broadcast shape')
+     note='broadcast inputs, any axis both have (of one length on both sides, as NumPy asks)')
 
 # shapes and indexing
 def take_draw(data):
@@ -635,7 +638,7 @@ def repeat_draw(data):
     shape = data.draw(shape_st())
     axis = data.draw(st.none() | st.integers(-len(shape), len(shape) - 1)) if shape else None
     n = int(np.prod(shape)) if axis is None else shape[axis]
-    repeats = data.draw(st.integers(0, 3) | st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    repeats = data.draw(st.integers(0, 3) | (st.lists(st.integers(0, 3), min_size=n, max_size=n) if n else st.nothing()))
     return [values(data, shape)], dict(repeats=repeats, axis=axis)
 spec("np.repeat", ["numpy.repeat"], lambda x, **k: np.repeat(x, **k), repeat_draw, note='a count or one per element, 0 too')
 spec("x.repeat", ["Traced.repeat"], lambda x, repeats, axis: x.repeat(repeats, axis), repeat_draw)
@@ -772,7 +775,7 @@ def block_draw(data):
     return [values(data, s) for s in ((m1, n1), (m1, n2), (m2, n1), (m2, n2))], {}
 spec("np.block", ["numpy.block"], lambda a, b, c, d: np.block([[a, b], [c, d, ]]), block_draw, note='2x2 blocks of matrices')
 spec("np.block 1-d", ["numpy.block"], lambda a, b: np.block([np.ravel(a), np.ravel(b), 1.0]), elementwise('real', 'real'),
-     note='pieces end to end, with a constant')
+     float64_value=True, note="pieces end to end, with a Python float, which NumPy's block makes a float64 array")
 
 def weighted_pieces(pieces): return np.concatenate([np.ravel(p) * (i + 1.0) for i, p in enumerate(pieces)])
 def split_draw(min_dims, axis_of, equal):
@@ -814,7 +817,7 @@ spec("np.full_like", ["numpy.full_like"], lambda a, f: np.full_like(a, f),
      note='a traced fill value (broadcast); `a` gives only the shape, so its gradient is zero')
 spec("np.copy", ["numpy.copy"], np.copy, one())
 spec("x.conj", ["Traced.conj", "Traced.conjugate"], lambda x: x.conj() * x.conjugate(), elementwise('real'),
-     note='real values are their own conjugates')
+     host_only=True, note='real values are their own conjugates; NumPy backend only: strict arrays have no .conj()')
 
 # --- what the spec table must cover ------------------------------------------------------------------------------
 # Members of the traced value that are not differentiable operations, by design: introspection, comparisons and
