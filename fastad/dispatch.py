@@ -177,13 +177,15 @@ def _trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
 _NO = object()
 
 def _diff(a, n=1, axis=-1, prepend=_NO, append=_NO):
+    if operator.index(n) == 0: return a                 # as NumPy: no differences, and prepend/append ignored
     nd = np.ndim(a)
     axis = operator.index(axis) % nd
     def edge(v):                                        # a scalar is spread over the other axes, as NumPy does
         if np.ndim(v): return v
         shape = list(np.shape(a)); shape[axis] = 1
         if type(v) is Traced: return np.broadcast_to(v, tuple(shape))
-        return _xp(a).full(tuple(shape), v, dtype=np.result_type(unbox(a), v))
+        v_dtype = v.dtype if hasattr(v, 'dtype') else np.asarray(v).dtype   # as NumPy: a number becomes a float64 array
+        return _xp(a).full(tuple(shape), v, dtype=np.result_type(unbox(a), v_dtype))
     parts = ([edge(prepend)] if prepend is not _NO else []) + [a] + ([edge(append)] if append is not _NO else [])
     if len(parts) > 1: a = np.concatenate(parts, axis=axis)
     for _ in range(operator.index(n)): a = a[_along(axis, nd, slice(1, None))] - a[_along(axis, nd, slice(None, -1))]
@@ -200,7 +202,8 @@ def _average(a, axis=None, weights=None, returned=False, *, keepdims=False):
                 raise ShapeError("numpy.average: weights of a different shape than `a` must be 1-D, along one axis")
             shape = [1] * np.ndim(a); shape[operator.index(axis)] = -1
             weights = np.reshape(weights, tuple(shape))
-        scale = np.sum(weights * _xp(a).ones(np.shape(a)), axis=axes_of(axis), keepdims=keepdims)
+        ones = _xp(a).ones(np.shape(a), dtype=np.result_type(unbox(a), unbox(weights)))   # NumPy's precision
+        scale = np.sum(weights * ones, axis=axes_of(axis), keepdims=keepdims)
         avg = np.sum(a * weights, axis=axes_of(axis), keepdims=keepdims) / scale
     return (avg, scale) if returned else avg
 
@@ -223,7 +226,8 @@ def _nanmean(a, axis=None, dtype=None, out=None, keepdims=False, **kw):
     _reject_out('numpy.nanmean', dict(out=out, where=kw.get('where')))
     present = ~np.isnan(unbox(a))
     total = np.sum(np.where(present, a, 0), axis=axis, keepdims=keepdims, dtype=dtype)
-    return total / np.sum(present, axis=axis, keepdims=keepdims)
+    count = np.sum(present, axis=axis, keepdims=keepdims)         # in the total's precision: float32 stays float32
+    return total / count.astype(np.result_type(unbox(total)))
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #br45f990
 _QUANTILE_METHODS = ('linear', 'lower', 'higher', 'midpoint', 'nearest')
@@ -246,7 +250,9 @@ def _quantile_of(name, a, q, axis, method, keepdims):
             'nearest': (np.around(pos) > lo) * 1.0}[method]
     xp = _xp(s)
     take = lambda i: s[..., int(i)] if np.ndim(i) == 0 else np.moveaxis(s[..., xp.asarray(i)], tuple(range(-q.ndim, 0)), tuple(range(q.ndim)))
-    if q.ndim: frac = xp.asarray(frac.reshape(frac.shape + (1,) * (nd - len(axes))))
+    if q.ndim:                                          # NumPy's precision: a list of q interpolates in float64
+        precision = np.result_type(unbox(s)) if method in ('lower', 'higher', 'nearest') else np.float64
+        frac = xp.asarray(frac.reshape(frac.shape + (1,) * (nd - len(axes))), dtype=precision)
     else: frac = float(frac)
     result = take(lo) * (1 - frac) + take(hi) * frac
     if keepdims:
@@ -634,7 +640,8 @@ def _linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axi
     start, stop = start * 1.0, stop * 1.0
     delta = stop - start
     nd = max(np.ndim(start), np.ndim(stop))
-    steps = _xp(start if type(start) is Traced else stop).arange(num, dtype=np.float64).reshape((-1,) + (1,) * nd)
+    dtype_ = np.result_type(unbox(start), unbox(stop), float(num))     # NumPy's precision: float32 ends stay float32
+    steps = _xp(start if type(start) is Traced else stop).arange(num, dtype=dtype_).reshape((-1,) + (1,) * nd)
     y = start + steps * (delta / div) if div > 0 else start + steps * delta
     if endpoint and num > 1: y = np.concatenate([y[:-1], np.expand_dims(stop + 0 * start, 0)])   # ends exactly at stop
     if axis != 0: y = np.moveaxis(y, 0, axis)

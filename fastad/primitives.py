@@ -169,8 +169,16 @@ def expm1_vwc(x):
 def log1p_vwc(x): return np.log1p(x), lambda g: g / (1 + x)
 
 # %% ../nbs/03a_primitives.ipynb #958e6310
+def _module_under(x):
+    "The array module of `x`, looking under traced values (whose type defines `__fastad_primitive__`)."
+    while hasattr(type(x), '__fastad_primitive__'): x = x.value
+    return array_module(x)
+
 @defvwc(np.matmul)
 def matmul_vwc(x, y):
+    # a list on one side (`[1., 2.] @ x`) becomes an array of the other side's kind, so that the chains can index it
+    if isinstance(x, (list, tuple)): x = _module_under(y).asarray(x)
+    if isinstance(y, (list, tuple)): y = _module_under(x).asarray(y)
     def dx(g):
         if np.ndim(y) == 1: return g * y if np.ndim(x) == 1 else g[..., None] * y
         if np.ndim(x) == 1: return unbroadcast(np.matmul(y, g[..., None])[..., 0], np.shape(x))
@@ -219,11 +227,14 @@ def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
         kept = ''.join(c for c in ins[i] if c in reachable)   # letters summed away by operand i alone come back by broadcasting
         spec = ','.join([out] + [ins[j] for j in others]) + '->' + kept
         shape = np.shape(operands[i])
+        kept_shape = tuple(n for n, c in zip(shape, ins[i]) if c in kept)
         def chain_i(g):
             r = np.einsum(spec, g, *(operands[j] for j in others), optimize=optimize)
+            # size-1 axes that broadcast: settled on the kept letters first, before the summed-away ones come back
+            r = unbroadcast(np.broadcast_to(r, np.broadcast_shapes(np.shape(r), kept_shape)), kept_shape)
             if len(kept) < len(ins[i]):
                 r = np.broadcast_to(np.expand_dims(r, tuple(k for k, c in enumerate(ins[i]) if c not in kept)), shape)
-            return unbroadcast(np.broadcast_to(r, np.broadcast_shapes(np.shape(r), shape)), shape)   # size-1 axes
+            return r
         return chain_i
     return np.einsum(subscripts, *operands, optimize=optimize), (None, *(chain(i) for i in range(len(operands))))
 
@@ -326,9 +337,13 @@ def broadcast_to_vwc(x, *, shape):
 @defvwc(name='scatter_add', unary=True)
 def scatter_add_vwc(g, *, index, like):
     "Zeros shaped like `like` with `g` added at `index` (repeats accumulate): the transpose of indexing."
+    chain = lambda h: h[index]
+    # Differentiated a third time, `g` is a traced value of an outer level, and np.add.at (which writes in place)
+    # cannot take it; calling the primitive on it instead makes that outer level record a scatter_add of its own.
+    if hasattr(type(g), '__fastad_primitive__'): return scatter_add(g, index=index, like=like), chain
     out = np.zeros_like(like, dtype=np.result_type(g))
     np.add.at(out, index, g)
-    return out, lambda h: h[index]
+    return out, chain
 
 scatter_add = scatter_add_vwc.primitive
 

@@ -226,10 +226,15 @@ def roll_vwc(x, *, shift, axis=None):
     return np.roll(x, shift, axis), lambda g: np.roll(g, back, axis)
 
 @defvwc(np.triu, unary=True)
-def triu_vwc(x, *, k=0): return np.triu(x, k), lambda g: np.triu(g, k)
+def triu_vwc(x, *, k=0):
+    "The upper triangle; a 1-d x is a row repeated into a square matrix first, so its chain sums the rows back."
+    shape = np.shape(x)
+    return np.triu(x, k), lambda g: unbroadcast(np.triu(g, k), shape)
 
 @defvwc(np.tril, unary=True)
-def tril_vwc(x, *, k=0): return np.tril(x, k), lambda g: np.tril(g, k)
+def tril_vwc(x, *, k=0):
+    shape = np.shape(x)
+    return np.tril(x, k), lambda g: unbroadcast(np.tril(g, k), shape)
 
 @defvwc(np.diagonal, unary=True)
 def diagonal_vwc(x, *, offset=0, axis1=0, axis2=1):

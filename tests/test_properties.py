@@ -26,9 +26,10 @@ from hypothesis import given, settings, assume, strategies as st, HealthCheck
 from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes, broadcastable_shapes, valid_tuple_axes
 import fastad as fd
 import fastad.primitives as P
+import fastad.primitives_more as PM
 from fastad import engine
 from fastad.backend import to_device, to_host, array_module
-from fastad.errors import FastADError
+from fastad.errors import FastADError, DifferentiationError
 
 EPS, RTOL = 1e-6, 1e-6                        # central-difference step and tolerance (float64)
 SECOND_RTOL = 1e-5                            # second order: differences of an analytic first derivative
@@ -56,6 +57,11 @@ KINDS = {
     'mod_den': lambda r, s: _sign(r, s) * r.uniform(1, 1.04, s),
     # clip to [-0.5, 0.5]: values at least 0.1 away from either bound
     'clip': lambda r, s: r.choice([-1.0, 0.0, 1.0], s) * r.uniform(0.6, 2, s) + (r.random(s) < 0.3) * r.uniform(-0.4, 0.4, s),
+    'inner': lambda r, s: r.uniform(-0.8, 0.8, s),                            # arcsin, arctanh: slopes blow up at +-1
+    'above1': lambda r, s: r.uniform(1.25, 3, s),                              # arccosh: defined above 1
+    'some_nan': lambda r, s: np.where(r.random(s) < 0.2, np.nan, r.uniform(-2, 2, s)),   # nan-functions skip them
+    # ties-free in absolute value and |x| >= 0.25, for norms (abs, then max/min or a sum)
+    'distinct_away0': lambda r, s: _sign(r, s) * ((r.permutation(int(np.prod(s))).reshape(s) + 2.5) * 0.1 + r.uniform(0, 0.02, s)),
 }
 
 def values(data, shape, kind='real'):
@@ -93,6 +99,9 @@ class Spec:
     scalars: bool = False          # elementwise: also checked on Python floats and NumPy scalars
     second_order: bool = True      # the pullback itself differentiable here
     host_only: bool = False        # its constants are host objects (a nested list): NumPy backend only
+    exact: bool = True             # the value equals the plain call bit for bit (else: within 1e-12, another
+                                   # summation order or interpolation formula, equally accurate)
+    float64_value: bool = False    # its value is float64 whatever the input's precision (np.float_power)
 
 SPECS = []
 def spec(name, covers, fn, draw, **kw): SPECS.append(Spec(name, tuple(covers), fn, draw, **kw))
@@ -255,10 +264,9 @@ def matmul_draw(data):
 spec("a @ b", ["Traced.__matmul__", "numpy.matmul"], lambda a, b: a @ b, matmul_draw, note='batch broadcasting, 1-d sides, zero sizes')
 spec("np.matmul", ["numpy.matmul"], np.matmul, matmul_draw)
 spec("list @ x", ["Traced.__rmatmul__"], lambda x, a: a @ x,
-     lambda data: (lambda xs, _: (assume(xs[0].ndim >= 2 and xs[0].shape[-2] > 0),
+     lambda data: (lambda xs, _: (assume(xs[0].size > 0),
                                   ([xs[1]], dict(a=xs[0].tolist())))[1])(*matmul_draw(data)),
-     note='a nested list on the left: Python hands the product to the traced value (2-d and up: a 1-d list is a '
-          'known bug, tested apart)', host_only=True)
+     note='a list on the left, 1-d or nested: Python hands the product to the traced value', host_only=True)
 
 def dot_draw(data):
     m, k, n = data.draw(st.tuples(*[st.integers(0, 3)] * 3))
@@ -274,22 +282,18 @@ def einsum_draw(data):
     operands = subscripts.split('->')[0].split(',')
     sizes = {c: data.draw(st.integers(0, 3), label=c) for c in sorted(set(subscripts) - set('.,->'))}
     ellipsis = data.draw(array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
-    letters = subscripts.split('->')[0].replace('.', '').replace(',', '')
-    out = subscripts.split('->')[1] if '->' in subscripts else {c for c in letters if letters.count(c) == 1}
     shapes = []
     for i, op in enumerate(operands):
-        others = ''.join(o for j, o in enumerate(operands) if j != i)
-        alone = any(c not in out and c not in others for c in op if c.isalpha())
         shape = []
         for c in op.replace('...', '*'):
             if c == '*': shape.extend(ellipsis)
-            elif not alone and data.draw(st.integers(0, 4)) == 0: shape.append(1)    # a size-1 axis that broadcasts
+            elif data.draw(st.integers(0, 4)) == 0: shape.append(1)                  # a size-1 axis that broadcasts
             else: shape.append(sizes[c])
         shapes.append(tuple(shape))
     return [values(data, s) for s in shapes], dict(subscripts=subscripts)
 spec("np.einsum", ["numpy.einsum"], lambda *xs, subscripts: np.einsum(subscripts, *xs), einsum_draw,
-     note='explicit and implicit outputs, ellipses, size-0 and broadcast size-1 axes (not in an operand that also sums '
-          'a letter of its own: a known bug, tested apart)')
+     note='explicit and implicit outputs, ellipses, size-0 and broadcast size-1 axes (also beside a letter only that '
+          'operand sums)')
 
 # shapes and indexing
 def one(min_dims=0, empty=True, kind='real'):
@@ -381,8 +385,8 @@ spec("iterate", ["Traced.__iter__"], lambda x: sum(row * (i + 1.0) for i, row in
 spec("scatter_add", ["fastad.primitives.scatter_add"],
      lambda g, index, like: P.scatter_add(g, index=index, like=like),
      lambda data: (lambda xs, kw: ([values(data, np.shape(xs[0][kw['index']]))], dict(index=kw['index'], like=xs[0])))(*index_draw(data)),
-     note="getitem's pullback, a primitive too (it runs forward in second-order sweeps); its own pullback is not "
-          "differentiable today (numpy.add.at on a traced value): a known bug, tested apart", second_order=False)
+     note="getitem's pullback, a primitive too (it runs forward in second-order sweeps, and as itself on a traced "
+          "cotangent in third-order ones)")
 
 def joined(stack):
     def draw(data):
@@ -426,6 +430,391 @@ spec("x.astype", ["Traced.astype"], lambda x, dtype: x.astype(dtype),
      note='float64 to float64 here; the float32 property checks casts between precisions')
 spec("x.copy", ["Traced.copy"], lambda x: x.copy(), one())
 
+# --- the breadth of NumPy: 03a1's primitives and the dispatch adapters ------------------------------------------
+MORE_UNARY = [(np.log2, 'positive', 'x in [0.5, 2]'), (np.log10, 'positive', 'x in [0.5, 2]'), (np.exp2, 'real', ''),
+              (np.sinh, 'real', ''), (np.cosh, 'real', ''), (np.arctan, 'real', ''), (np.arcsinh, 'real', ''),
+              (np.arcsin, 'inner', '|x| <= 0.8: the slope blows up at +-1'), (np.arccos, 'inner', '|x| <= 0.8'),
+              (np.arctanh, 'inner', '|x| <= 0.8'), (np.arccosh, 'above1', 'x in [1.25, 3]: defined above 1, steep at 1'),
+              (np.reciprocal, 'away0', '|x| >= 0.25'), (np.cbrt, 'away0', '|x| >= 0.25: its slope is infinite at 0'),
+              (np.fabs, 'away0', '|x| >= 0.25: away from the kink at 0'),
+              (np.sinc, 'away0', '|x| >= 0.25: its slope (cos(pi x) - sinc(x)) / x loses digits to cancellation near 0'),
+              (np.deg2rad, 'real', ''), (np.radians, 'real', ''), (np.rad2deg, 'real', ''), (np.degrees, 'real', ''),
+              (np.nan_to_num, 'real', 'finite values, where it is the identity (NaN and infinities: test_primitives_breadth)')]
+for u, kind, note in MORE_UNARY:
+    # non-empty where the scalar check's stand-in for an empty input, 1.0, lies outside the domain
+    spec(f"np.{u.__name__}", [f"numpy.{u.__name__}"], u, elementwise(kind, empty=kind not in ('inner', 'above1')), note=note, scalars=True)
+
+MORE_BINARY = [
+    (np.arctan2, ('away0', 'away0'), '|y|, |x| >= 0.25: off the origin and off the branch cut (x < 0, y = 0)'),
+    (np.hypot, ('away0', 'real'), '|x| >= 0.25: away from the tip of the cone at the origin'),
+    (np.logaddexp, ('real', 'real'), ''), (np.logaddexp2, ('real', 'real'), ''),
+    (np.fmax, ('even', 'odd'), 'x and y at least 0.5 apart: no ties (NaN handling: test_primitives_breadth)'),
+    (np.fmin, ('odd', 'even'), 'x and y at least 0.5 apart: no ties'),
+    (np.fmod, ('mod_num', 'mod_den'), 'x / y at least 0.06 from an integer: away from the jumps'),
+    (np.copysign, ('away0', 'away0'), '|x|, |y| >= 0.25: away from the kink of |x| and the sign flip of y')]
+for u, kinds, note in MORE_BINARY:
+    spec(f"np.{u.__name__}", [f"numpy.{u.__name__}"], u, elementwise(*kinds), note=note, scalars=True)
+spec("np.float_power", ["numpy.float_power"], np.float_power, elementwise('positive', 'real'), scalars=True,
+     float64_value=True, note='base in [0.5, 2]: log(x) is defined; its value is float64 whatever the input')
+
+# reductions and scans
+spec("np.prod", ["numpy.prod"], np.prod, reduction(empty=True), note='size-0 axes too (an empty product is 1); zeros: test_primitives_breadth')
+spec("x.prod", ["Traced.prod"], lambda x, **k: x.prod(**k), reduction(empty=True))
+spec("np.nansum", ["numpy.nansum"], np.nansum, reduction('some_nan', empty=True), note='a fifth of the values NaN, skipped')
+spec("np.nanprod", ["numpy.nanprod"], np.nanprod, reduction('some_nan', empty=True), note='a fifth of the values NaN, skipped')
+spec("np.nanmean", ["numpy.nanmean"], np.nanmean, reduction(),
+     note='no NaN (an all-NaN slice is NaN, and a warning); NaN skipping: test_primitives_breadth')
+for f in (np.nanmax, np.nanmin, np.ptp):
+    spec(f"np.{f.__name__}", [f"numpy.{f.__name__}"], f, reduction('distinct'), note='distinct values: no ties; no empty reductions')
+
+def quantile_draw(percent):
+    def draw(data):
+        xs, kw = reduction('distinct')(data)
+        q = data.draw(st.sampled_from([0.0, 0.3, 0.5, 1.0]) | st.lists(st.sampled_from([0.1, 0.25, 0.7, 0.9]), min_size=1, max_size=2))
+        kw.update(q=np.multiply(q, 100).tolist() if percent else q, method=data.draw(st.sampled_from(['linear', 'lower', 'higher', 'midpoint'])))
+        return xs, kw
+    return draw
+spec("np.median", ["numpy.median"], lambda x, axis, keepdims: np.median(x, axis=axis, keepdims=keepdims), reduction('distinct'),
+     note='distinct values: sorting has no ties')
+spec("np.quantile", ["numpy.quantile"], lambda x, q, **k: np.quantile(x, q, **k), quantile_draw(False), exact=False, host_only=True,
+     note="distinct values; q a number or a list; the interpolation is NumPy's to rounding, so the value is compared within 1e-12")
+spec("np.percentile", ["numpy.percentile"], lambda x, q, **k: np.percentile(x, q, **k), quantile_draw(True), exact=False, host_only=True)
+
+def average_draw(data):
+    xs, kw = reduction()(data)
+    x, axis = xs[0], kw['axis']
+    if data.draw(st.booleans(), label='weights'):
+        shape = x.shape
+        if isinstance(axis, int) and data.draw(st.booleans(), label='1-d weights'): shape = (x.shape[axis],)
+        xs.append(values(data, shape, 'positive'))
+    return xs, kw
+spec("np.average", ["numpy.average"], lambda x, *w, **k: np.stack(np.average(x, weights=w[0] if w else None, returned=True, **k)),
+     average_draw, exact=False, note='weights in [0.5, 2] (differentiated too), the same shape as x or 1-d along an int axis; '
+     'returned=True: the sum of the weights as well')
+
+def scan_draw(data):
+    shape = data.draw(shape_st())
+    return [values(data, shape)], dict(axis=data.draw(st.none() | st.integers(-len(shape), len(shape) - 1)) if shape else None)
+spec("np.cumsum", ["numpy.cumsum"], lambda x, axis: np.cumsum(x, axis=axis), scan_draw, note='axis None flattens; size-0 axes too')
+spec("x.cumsum", ["Traced.cumsum"], lambda x, axis: x.cumsum(axis), scan_draw)
+spec("np.cumprod", ["numpy.cumprod"], lambda x, axis: np.cumprod(x, axis=axis), scan_draw, note='no zeros (those: test_primitives_breadth)')
+spec("x.cumprod", ["Traced.cumprod"], lambda x, axis: x.cumprod(axis), scan_draw, host_only=True,
+     note="NumPy backend only: strict arrays have no .cumprod() to compare with")
+
+def cumulative_draw(data):
+    shape = data.draw(shape_st(min_dims=1))
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1) | (st.none() if len(shape) == 1 else st.nothing()))
+    return [values(data, shape)], dict(axis=axis, include_initial=data.draw(st.booleans()))
+spec("np.cumulative_sum", ["numpy.cumulative_sum"], lambda x, **k: np.cumulative_sum(x, **k), cumulative_draw,
+     note='include_initial too; axis None only for 1-d input, as NumPy asks')
+spec("np.cumulative_prod", ["numpy.cumulative_prod"], lambda x, **k: np.cumulative_prod(x, **k), cumulative_draw)
+
+def diagonal_draw(data):
+    shape = data.draw(shape_st(min_dims=2))
+    nd = len(shape)
+    a1, a2 = data.draw(st.lists(st.integers(0, nd - 1), min_size=2, max_size=2, unique=True))
+    return [values(data, shape)], dict(offset=data.draw(st.integers(-3, 3)), axis1=a1 - nd * (a1 % 2), axis2=a2)
+spec("np.trace", ["numpy.trace"], lambda x, **k: np.trace(x, **k), diagonal_draw, note='offsets past the edge too (an empty diagonal)')
+spec("np.linalg.trace", ["numpy.trace"], lambda x, offset, **_: np.linalg.trace(x, offset=offset), diagonal_draw)
+
+def diff_draw(data):
+    shape = data.draw(shape_st(min_dims=1))
+    kw = dict(n=data.draw(st.integers(0, 2)), axis=data.draw(st.integers(-len(shape), len(shape) - 1)))
+    for edge in ('prepend', 'append'):
+        if data.draw(st.booleans(), label=edge): kw[edge] = number(data)
+    return [values(data, shape)], kw
+spec("np.diff", ["numpy.diff"], lambda x, **k: np.diff(x, **k), diff_draw, float64_value=True, note='n = 0, 1, 2 (past the '
+     'length: empty), Python-float prepend/append (NumPy makes them float64 arrays: a float64 result)')
+
+VECTOR_ORDS, MATRIX_ORDS = [None, 1, 2, np.inf, -np.inf, 0.5, 3, -1], [None, 'fro', 1, -1, np.inf, -np.inf]
+def norm_draw(data):
+    shape = data.draw(shape_st(min_dims=1, empty=False))
+    nd = len(shape)
+    form = data.draw(st.sampled_from(['all', 'vector'] + (['matrix'] if nd >= 2 else [])))
+    if form == 'all': kw = dict(ord=None if nd > 2 else data.draw(st.sampled_from(VECTOR_ORDS if nd == 1 else MATRIX_ORDS)), axis=None)
+    elif form == 'vector': kw = dict(ord=data.draw(st.sampled_from(VECTOR_ORDS)), axis=data.draw(st.integers(-nd, nd - 1)))
+    else: kw = dict(ord=data.draw(st.sampled_from(MATRIX_ORDS)), axis=tuple(data.draw(st.permutations(range(nd)))[:2]))
+    return [values(data, shape, 'distinct_away0')], dict(kw, keepdims=data.draw(st.booleans()))
+NORM_NOTE = ("|x| >= 0.25 and distinct: no kink of abs, no ties of max/min; ord=0 counts nonzeros (a plain result) and the "
+             "matrix 2-norms and nuclear norm need an SVD (linear algebra), so they are left out")
+spec("np.linalg.norm", ["numpy.norm"], lambda x, **k: np.linalg.norm(x, **k), norm_draw, exact=False, note=NORM_NOTE)
+spec("np.linalg.vector_norm", ["numpy.vector_norm"], lambda x, ord, axis, keepdims: np.linalg.vector_norm(
+     x, ord=2 if ord is None else ord, axis=axis, keepdims=keepdims),
+     lambda data: (lambda xs, kw: (xs, dict(kw, axis=data.draw(axis_st(xs[0].ndim)), ord=data.draw(st.sampled_from(VECTOR_ORDS)))))(*norm_draw(data)),
+     exact=False, note='every axis form')
+spec("np.linalg.matrix_norm", ["numpy.matrix_norm"], lambda x, ord, keepdims: np.linalg.matrix_norm(x, ord=ord or 'fro', keepdims=keepdims),
+     lambda data: ([values(data, data.draw(shape_st(min_dims=2, empty=False)), 'distinct_away0')],
+                   dict(ord=data.draw(st.sampled_from(MATRIX_ORDS)), keepdims=data.draw(st.booleans()))), exact=False, note=NORM_NOTE)
+
+# products: another summation order than NumPy's, so the values are compared within 1e-12
+def two_shapes(*pairs):
+    "Two inputs whose shapes come from `pairs(sizes)`: a function of sizes drawn in 0..3."
+    def draw(data):
+        n = data.draw(st.lists(st.integers(0, 3), min_size=4, max_size=4))
+        sa, sb = data.draw(st.sampled_from(pairs))(*n)
+        return [values(data, sa), values(data, sb)], {}
+    return draw
+spec("np.outer", ["numpy.outer"], np.outer, two_shapes(lambda a, b, c, d: ((a,), (b,)), lambda a, b, c, d: ((a, b), (c,)),
+                                                       lambda a, b, c, d: ((), (a, b))), note='any shapes: both are flattened')
+spec("np.linalg.outer", ["numpy.outer"], np.linalg.outer, two_shapes(lambda a, b, c, d: ((a,), (b,))), note='1-d only, as NumPy asks')
+spec("np.inner", ["numpy.inner"], np.inner, two_shapes(lambda a, b, c, d: ((a, b), (c, b)), lambda a, b, c, d: ((b,), (c, d, b)),
+                                                       lambda a, b, c, d: ((), (a, b))), exact=False, note='a scalar side too')
+def tensordot_draw(data):
+    k = data.draw(st.integers(0, 2))
+    contracted = data.draw(st.lists(st.integers(0, 3), min_size=k, max_size=k))
+    free_a, free_b = data.draw(shape_st(max_dims=2)), data.draw(shape_st(max_dims=2))
+    a, b = values(data, (*free_a, *contracted)), values(data, (*contracted, *free_b))
+    na = a.ndim
+    axes = data.draw(st.sampled_from([k, (list(range(na - k, na))[::-1], list(range(k))[::-1]),
+                                      ([i - na for i in range(na - k, na)], list(range(k)))]))
+    return [a, b], dict(axes=axes)
+spec("np.tensordot", ["numpy.tensordot"], lambda a, b, axes: np.tensordot(a, b, axes), tensordot_draw, exact=False,
+     note='0-2 contracted axes: an int, pairs in either order, negative axes')
+spec("np.linalg.tensordot", ["numpy.tensordot"], lambda a, b, axes: np.linalg.tensordot(a, b, axes=axes), tensordot_draw, exact=False)
+spec("np.kron", ["numpy.kron"], np.kron, lambda data: ([values(data, data.draw(shape_st(max_dims=2))) for _ in range(2)], {}),
+     note='0-2 dims each, size-0 axes too')
+def cross_draw(data):
+    sa, sb = data.draw(mutually_broadcastable_shapes(num_shapes=2, max_dims=2, max_side=3)).input_shapes
+    return [values(data, (*sa, 3)), values(data, (*sb, 3))], {}
+spec("np.cross", ["numpy.cross"], np.cross, cross_draw, note='3-vectors in broadcast batches (2-vectors are deprecated in NumPy 2)')
+spec("np.linalg.cross", ["numpy.cross"], np.linalg.cross, cross_draw)
+def vdot_draw(data):
+    shape = data.draw(shape_st())
+    return [values(data, shape), values(data, shape[::-1])], {}
+spec("np.vdot", ["numpy.vdot"], np.vdot, vdot_draw, exact=False, note='two shapes of one size: both flattened')
+def multi_dot_draw(data):
+    sizes = data.draw(st.lists(st.integers(0, 3), min_size=3, max_size=5))
+    shapes = [(sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1)]
+    if data.draw(st.booleans()): shapes[0] = shapes[0][1:]
+    if data.draw(st.booleans()): shapes[-1] = shapes[-1][:1]
+    return [values(data, s) for s in shapes], {}
+spec("np.linalg.multi_dot", ["numpy.multi_dot"], lambda *xs: np.linalg.multi_dot(xs), multi_dot_draw, exact=False,
+     note='2-4 matrices, the first and last possibly 1-d')
+def vecdot_draw(data):
+    sa, sb = (list(s) for s in data.draw(mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=3, max_side=3)).input_shapes)
+    axis = data.draw(st.integers(-min(len(sa), len(sb)), -1))
+    sa[axis] = sb[axis] = data.draw(st.integers(0, 3))             # the summed axis: one length on both sides
+    return [values(data, tuple(sa)), values(data, tuple(sb))], dict(axis=axis)
+spec("np.linalg.vecdot", ["numpy.vecdot"], lambda a, b, axis: np.linalg.vecdot(a, b, axis=axis), vecdot_draw, exact=False,
+     note='broadcast inputs, any axis both have (of one length on both sides, as NumPy asks)')
+
+# shapes and indexing
+def take_draw(data):
+    shape = data.draw(shape_st(min_dims=1))
+    x = values(data, shape)
+    axis = data.draw(st.none() | st.integers(-len(shape), len(shape) - 1))
+    n = x.size if axis is None else shape[axis]
+    mode = data.draw(st.sampled_from(['raise', 'wrap', 'clip']) if n else st.just('raise'))
+    lo, hi = (-n, n - 1) if mode == 'raise' else (-2 * n - 1, 2 * n + 1)
+    indices = data.draw(st.lists(st.integers(lo, hi), max_size=4) if n else st.just([]))
+    return [x], dict(indices=np.array(indices, dtype=np.intp), axis=axis, mode=mode)
+spec("np.take", ["numpy.take"], lambda x, **k: np.take(x, **k), take_draw, note="repeats, negative indices, 'wrap' and 'clip' out of range")
+spec("x.take", ["Traced.take"], lambda x, indices, axis, mode: x.take(indices, axis, mode=mode), take_draw)
+
+def take_along_draw(data):
+    shape = data.draw(shape_st(min_dims=1, empty=False))
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    ishape = [1 if data.draw(st.booleans()) else n for n in shape]
+    ishape[axis] = data.draw(st.integers(0, 4))
+    r = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    return [values(data, shape)], dict(indices=r.integers(-shape[axis], shape[axis], ishape), axis=axis)
+spec("np.take_along_axis", ["numpy.take_along_axis"], lambda x, **k: np.take_along_axis(x, **k), take_along_draw,
+     note='indices broadcast over the other axes, repeats and negative ones')
+
+def put_along_draw(data):
+    xs, kw = take_along_draw(data)
+    r = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    n = xs[0].shape[kw['axis']]
+    kw['indices'] = r.integers(0, n, kw['indices'].shape)
+    return [xs[0], values(data, kw['indices'].shape)], kw
+spec("fd.put_along_axis", ["fastad.put_along_axis"], lambda x, v, **k: fd.put_along_axis(x, k['indices'], v, k['axis']), put_along_draw,
+     note='arr and values both differentiated; a repeated index keeps the last value written (the others have no slope)')
+
+def repeat_draw(data):
+    shape = data.draw(shape_st())
+    axis = data.draw(st.none() | st.integers(-len(shape), len(shape) - 1)) if shape else None
+    n = int(np.prod(shape)) if axis is None else shape[axis]
+    repeats = data.draw(st.integers(0, 3) | (st.lists(st.integers(0, 3), min_size=n, max_size=n) if n else st.nothing()))
+    return [values(data, shape)], dict(repeats=repeats, axis=axis)
+spec("np.repeat", ["numpy.repeat"], lambda x, **k: np.repeat(x, **k), repeat_draw, note='a count or one per element, 0 too')
+spec("x.repeat", ["Traced.repeat"], lambda x, repeats, axis: x.repeat(repeats, axis), repeat_draw)
+spec("np.tile", ["numpy.tile"], lambda x, reps: np.tile(x, reps),
+     lambda data: ([values(data, data.draw(shape_st()))], dict(reps=data.draw(st.integers(0, 3) | st.lists(st.integers(0, 3), max_size=4).map(tuple)))),
+     note='reps an int or a tuple longer or shorter than the shape, 0 too')
+
+def pad_draw(data):
+    mode = data.draw(st.sampled_from(['constant', 'edge', 'reflect', 'symmetric', 'wrap']))
+    shape = data.draw(shape_st(min_dims=1, empty=mode == 'constant'))
+    width = st.integers(0, 3)
+    pad = data.draw(width | st.tuples(width, width) | st.lists(st.tuples(width, width), min_size=len(shape), max_size=len(shape)).map(tuple))
+    kw = dict(pad_width=pad, mode=mode)
+    if mode == 'constant' and data.draw(st.booleans()): kw['constant_values'] = number(data)
+    return [values(data, shape)], kw
+spec("np.pad", ["numpy.pad"], lambda x, **k: np.pad(x, **k), pad_draw,
+     note="constant, edge, reflect, symmetric and wrap (wider than the axis too); non-empty axes for the modes that read x")
+
+def axes_draw(min_dims=0, tuples=True, none=True):
+    def draw(data):
+        shape = data.draw(shape_st(min_dims=min_dims))
+        return [values(data, shape)], dict(axis=data.draw(axis_st(len(shape), tuples=tuples, none=none)))
+    return draw
+spec("np.flip", ["numpy.flip"], lambda x, axis: np.flip(x, axis), axes_draw(), note='None, int, tuple')
+spec("np.flipud", ["numpy.flipud"], np.flipud, one(min_dims=1))
+spec("np.fliplr", ["numpy.fliplr"], np.fliplr, one(min_dims=2))
+def rot90_draw(data):
+    shape = data.draw(shape_st(min_dims=2))
+    axes = tuple(data.draw(st.permutations(range(len(shape))))[:2])
+    return [values(data, shape)], dict(k=data.draw(st.integers(-3, 4)), axes=(axes[0] - len(shape), axes[1]))
+spec("np.rot90", ["numpy.rot90"], lambda x, **k: np.rot90(x, **k), rot90_draw, note='every k, any pair of axes')
+def roll_draw(data):
+    shape = data.draw(shape_st())
+    nd = len(shape)
+    form = data.draw(st.sampled_from(['flat', 'int', 'tuple'] if nd else ['flat']))
+    if form == 'flat': return [values(data, shape)], dict(shift=data.draw(st.integers(-4, 4)), axis=None)
+    if form == 'int': return [values(data, shape)], dict(shift=data.draw(st.integers(-4, 4)), axis=data.draw(st.integers(-nd, nd - 1)))
+    axis = data.draw(st.lists(st.integers(-nd, nd - 1), min_size=1, max_size=3).map(tuple))
+    return [values(data, shape)], dict(shift=tuple(data.draw(st.integers(-4, 4)) for _ in axis), axis=axis)
+spec("np.roll", ["numpy.roll"], lambda x, **k: np.roll(x, **k), roll_draw, note='flat, one axis, several (an axis named twice too)')
+def moveaxis_draw(data):
+    shape = data.draw(shape_st(min_dims=1))
+    nd = len(shape)
+    k = data.draw(st.integers(1, nd))
+    src, dst = (tuple(a - nd * (a % 2) for a in data.draw(st.permutations(range(nd)))[:k]) for _ in range(2))
+    return [values(data, shape)], dict(source=src[0] if k == 1 else src, destination=dst[0] if k == 1 else dst)
+spec("np.moveaxis", ["numpy.moveaxis"], lambda x, **k: np.moveaxis(x, **k), moveaxis_draw, note='ints or tuples, negative too')
+spec("np.rollaxis", ["numpy.rollaxis"], lambda x, axis, start: np.rollaxis(x, axis, start),
+     lambda data: (lambda shape: ([values(data, shape)], dict(axis=data.draw(st.integers(-len(shape), len(shape) - 1)),
+                                                              start=data.draw(st.integers(-len(shape), len(shape))))))(data.draw(shape_st(min_dims=1))))
+spec("np.matrix_transpose", ["numpy.matrix_transpose"], np.matrix_transpose, one(min_dims=2))
+spec("np.linalg.matrix_transpose", ["numpy.matrix_transpose"], np.linalg.matrix_transpose, one(min_dims=2))
+spec("np.diag", ["numpy.diag"], lambda x, k: np.diag(x, k),
+     lambda data: ([values(data, data.draw(shape_st(min_dims=1, max_dims=2)))], dict(k=data.draw(st.integers(-3, 3)))),
+     note='1-d (builds a matrix) and 2-d (reads a diagonal), offsets past the edge too')
+spec("np.diagflat", ["numpy.diagflat"], lambda x, k: np.diagflat(x, k),
+     lambda data: ([values(data, data.draw(shape_st()))], dict(k=data.draw(st.integers(-2, 2)))))
+spec("np.diagonal", ["numpy.diagonal"], lambda x, **k: np.diagonal(x, **k), diagonal_draw)
+spec("np.linalg.diagonal", ["numpy.diagonal"], lambda x, offset, **_: np.linalg.diagonal(x, offset=offset), diagonal_draw)
+spec("x.diagonal", ["Traced.diagonal"], lambda x, offset, axis1, axis2: x.diagonal(offset, axis1, axis2), diagonal_draw)
+tri_draw = lambda data: ([values(data, data.draw(shape_st(min_dims=1)))], dict(k=data.draw(st.integers(-3, 3))))
+spec("np.triu", ["numpy.triu"], lambda x, k: np.triu(x, k), tri_draw, note='a 1-d input is a row repeated into a matrix')
+spec("np.tril", ["numpy.tril"], lambda x, k: np.tril(x, k), tri_draw)
+for f in (np.atleast_1d, np.atleast_2d, np.atleast_3d):
+    spec(f"np.{f.__name__}", [f"numpy.{f.__name__}"], f, one(), note='0-3 dims')
+def sort_draw(data):
+    shape = data.draw(shape_st())
+    return [values(data, shape, 'distinct')], dict(axis=data.draw(axis_st(len(shape), tuples=False, none=True)) if shape else None)
+spec("np.sort", ["numpy.sort"], lambda x, axis: np.sort(x, axis=axis), sort_draw, note='distinct values: no ties; axis None flattens')
+def partition_draw(data):
+    shape = data.draw(shape_st(min_dims=1, empty=False))
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    n = shape[axis]
+    kth = data.draw(st.integers(-n, n - 1) | st.lists(st.integers(0, n - 1), min_size=1, max_size=2, unique=True))
+    return [values(data, shape, 'distinct')], dict(kth=kth, axis=axis)
+spec("np.partition", ["numpy.partition"], lambda x, **k: np.partition(x, **k), partition_draw, note='distinct values: no ties')
+def compress_draw(data):
+    shape = data.draw(shape_st(min_dims=1))
+    axis = data.draw(st.none() | st.integers(-len(shape), len(shape) - 1))
+    n = int(np.prod(shape)) if axis is None else shape[axis]
+    return [values(data, shape)], dict(condition=data.draw(st.lists(st.booleans(), max_size=n)), axis=axis)
+spec("np.compress", ["numpy.compress"], lambda x, condition, axis: np.compress(condition, x, axis), compress_draw,
+     note='a condition shorter than the axis too', host_only=True)
+spec("x.compress", ["Traced.compress"], lambda x, condition, axis: x.compress(condition, axis), compress_draw, host_only=True)
+spec("np.select", ["numpy.select"], lambda x: np.select([x > 0.5, x < -0.5], [x * 2, x ** 2], default=-x), elementwise('clip'),
+     note='x at least 0.1 from the thresholds -0.5 and 0.5, where the choice changes')
+def windows_draw(data):
+    shape = data.draw(shape_st(min_dims=1, empty=False))
+    axes = data.draw(st.none() | st.permutations(range(len(shape))).map(lambda p: tuple(p[:len(p) // 2 + 1])))
+    window = tuple(data.draw(st.integers(1, shape[a])) for a in (range(len(shape)) if axes is None else axes))
+    return [values(data, shape)], dict(window_shape=window if len(window) > 1 or data.draw(st.booleans()) else window[0], axis=axes)
+spec("sliding_window_view", ["numpy.sliding_window_view"],
+     lambda x, **k: np.lib.stride_tricks.sliding_window_view(x, **k), windows_draw, note='windows along all axes or some, any size')
+def window_sum_draw(data):
+    (x,), kw = windows_draw(data)
+    window = (kw['window_shape'],) if np.ndim(kw['window_shape']) == 0 else kw['window_shape']
+    axis = tuple(range(x.ndim)) if kw['axis'] is None else kw['axis']
+    g = np.lib.stride_tricks.sliding_window_view(x, window, axis)
+    return [values(data, g.shape)], dict(shape=x.shape, window_shape=window, axis=axis)
+spec("window_sum", ["fastad.primitives_more.window_sum"], lambda g, **k: PM.window_sum(g, **k), window_sum_draw,
+     note="sliding_window_view's pullback, a primitive too (it runs forward in sweeps that differentiate a pullback "
+          "whose cotangent is traced)")
+
+# joining and splitting: pieces of shapes each join accepts
+def pieces(data, make):
+    "1-3 pieces, `make(data)` drawing each one's shape around shared sizes."
+    return [values(data, make(data)) for _ in range(data.draw(st.integers(1, 3)))], {}
+def stack_draw(rule, min_dims=0):
+    def draw(data):
+        t = data.draw(shape_st(min_dims=min_dims, max_dims=2))
+        return pieces(data, lambda d: rule(d, t))
+    return draw
+spec("np.vstack", ["numpy.vstack"], lambda *xs: np.vstack(xs),
+     stack_draw(lambda d, t: (d.draw(st.integers(0, 3)), *t) if len(t) != 1 or d.draw(st.booleans()) else t, min_dims=1),
+     note='rows: 1-d pieces and 2-d or 3-d ones')
+spec("np.hstack", ["numpy.hstack"], lambda *xs: np.hstack(xs),
+     stack_draw(lambda d, t: (d.draw(st.integers(0, 3)),) if not t else (t[0], d.draw(st.integers(0, 3)), *t[1:])),
+     note='1-d pieces end to end, or along the second axis')
+spec("np.dstack", ["numpy.dstack"], lambda *xs: np.dstack(xs),
+     stack_draw(lambda d, t: (*(t + (2,) * 2)[:2], d.draw(st.integers(0, 3))) if d.draw(st.booleans()) else (t + (2,) * 2)[:2]),
+     note='2-d pieces (as depth 1) and 3-d ones')
+spec("np.column_stack", ["numpy.column_stack"], lambda *xs: np.column_stack(xs),
+     stack_draw(lambda d, t: ((t + (2,))[0],) if d.draw(st.booleans()) else ((t + (2,))[0], d.draw(st.integers(0, 3)))),
+     note='1-d pieces as columns, 2-d ones')
+def append_draw(data):
+    if data.draw(st.booleans()): return [values(data, data.draw(shape_st())) for _ in range(2)], dict(axis=None)
+    (a, *_), kw = joined(False)(data)
+    b = list(a.shape)
+    if kw['axis'] is not None: b[kw['axis']] = data.draw(st.integers(0, 3))
+    return [a, values(data, tuple(b))], kw
+spec("np.append", ["numpy.append"], lambda a, b, axis: np.append(a, b, axis=axis), append_draw, note='flat (any shapes) or along an axis')
+def block_draw(data):
+    m1, m2, n1, n2 = data.draw(st.lists(st.integers(1, 3), min_size=4, max_size=4))
+    return [values(data, s) for s in ((m1, n1), (m1, n2), (m2, n1), (m2, n2))], {}
+spec("np.block", ["numpy.block"], lambda a, b, c, d: np.block([[a, b], [c, d, ]]), block_draw, note='2x2 blocks of matrices')
+spec("np.block 1-d", ["numpy.block"], lambda a, b: np.block([np.ravel(a), np.ravel(b), 1.0]), elementwise('real', 'real'),
+     float64_value=True, note="pieces end to end, with a Python float, which NumPy's block makes a float64 array")
+
+def weighted_pieces(pieces): return np.concatenate([np.ravel(p) * (i + 1.0) for i, p in enumerate(pieces)])
+def split_draw(min_dims, axis_of, equal):
+    def draw(data):
+        shape = list(data.draw(shape_st(min_dims=min_dims)))
+        axis = axis_of(data, len(shape))
+        if data.draw(st.booleans()):                   # sections: equal ones need a divisible length
+            k = data.draw(st.integers(1, 3))
+            if equal: shape[axis] = k * data.draw(st.integers(0, 2))
+            return [values(data, tuple(shape))], dict(sections=k, axis=axis)
+        cuts = sorted(data.draw(st.lists(st.integers(-4, 4), max_size=3)))
+        return [values(data, tuple(shape))], dict(sections=cuts, axis=axis)
+    return draw
+any_axis = lambda data, nd: data.draw(st.integers(-nd, nd - 1))
+spec("np.split", ["numpy.split"], lambda x, sections, axis: weighted_pieces(np.split(x, sections, axis=axis)),
+     split_draw(1, any_axis, True), note='equal sections or cut points (out of range and negative too); pieces weighted 1, 2, ...')
+spec("np.array_split", ["numpy.array_split"], lambda x, sections, axis: weighted_pieces(np.array_split(x, sections, axis=axis)),
+     split_draw(1, any_axis, False), note='unequal sections too')
+spec("np.hsplit", ["numpy.hsplit"], lambda x, sections, axis: weighted_pieces(np.hsplit(x, sections)),
+     split_draw(1, lambda data, nd: 1 if nd > 1 else 0, True))
+spec("np.vsplit", ["numpy.vsplit"], lambda x, sections, axis: weighted_pieces(np.vsplit(x, sections)), split_draw(2, lambda data, nd: 0, True))
+spec("np.dsplit", ["numpy.dsplit"], lambda x, sections, axis: weighted_pieces(np.dsplit(x, sections)), split_draw(3, lambda data, nd: 2, True))
+spec("np.unstack", ["numpy.unstack"], lambda x, axis: weighted_pieces(np.unstack(x, axis=axis)),
+     lambda data: (lambda shape: ([values(data, shape)], dict(axis=data.draw(st.integers(-len(shape), len(shape) - 1)))))(
+         data.draw(shape_st(min_dims=1, empty=False))), note='non-empty: no pieces, nothing to join')
+
+# building arrays
+def linspace_draw(data):
+    sa, sb = data.draw(mutually_broadcastable_shapes(num_shapes=2, max_dims=2, max_side=3)).input_shapes
+    nd = len(np.broadcast_shapes(sa, sb)) + 1
+    return [values(data, sa), values(data, sb)], dict(num=data.draw(st.integers(0, 4)), endpoint=data.draw(st.booleans()),
+                                                      axis=data.draw(st.integers(-nd, nd - 1)))
+spec("np.linspace", ["numpy.linspace"], lambda a, b, **k: np.linspace(a, b, **k), linspace_draw, exact=False,
+     note='broadcast ends, 0-4 points, with and without the end point, any axis')
+spec("np.logspace", ["numpy.logspace"], lambda a, b, **k: np.logspace(a, b, base=2.0, **k), linspace_draw, exact=False,
+     note='base 2: ends in [-2, 2] keep the values modest')
+spec("np.full_like", ["numpy.full_like"], lambda a, f: np.full_like(a, f),
+     lambda data: (lambda shape: ([values(data, shape), values(data, data.draw(broadcastable_shapes(shape, max_dims=len(shape), min_side=0)))], {}))(data.draw(shape_st())),
+     note='a traced fill value (broadcast); `a` gives only the shape, so its gradient is zero')
+spec("np.copy", ["numpy.copy"], np.copy, one())
+spec("x.conj", ["Traced.conj", "Traced.conjugate"], lambda x: x.conj() * x.conjugate(), elementwise('real'),
+     host_only=True, note='real values are their own conjugates; NumPy backend only: strict arrays have no .conj()')
+
 # --- what the spec table must cover ------------------------------------------------------------------------------
 # Members of the traced value that are not differentiable operations, by design: introspection, comparisons and
 # truth values (plain results), conversions that drop the derivative on purpose (they raise), piecewise-constant
@@ -435,6 +824,18 @@ NOT_OPERATIONS = {
     '__floordiv__', '__rfloordiv__', '__round__', '__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__',
     '__bool__', '__float__', '__int__', '__complex__', '__index__', '__len__', '__setitem__',
     'shape', 'dtype', 'ndim', 'size', '__init__', '__new__', '__hash__',
+}
+
+# Entry points that are not operations either, each checked by a test below instead of a spec: in-place writes,
+# refused with an error that names what to use instead, and piecewise-constant methods that give a plain result.
+REFUSED = {   # entry point: (a call on traced x, words the error must contain)
+    'Traced.sort': (lambda x: x.sort(), 'np.sort(x)'), 'Traced.partition': (lambda x: x.partition(1), 'np.partition(x, kth)'),
+    'Traced.put': (lambda x: x.put([0], 1.0), 'fastad.put_along_axis'), 'Traced.fill': (lambda x: x.fill(0.0), 'np.full_like'),
+    'numpy.put_along_axis': (lambda x: np.put_along_axis(x, np.array([0]), 1.0, 0), 'fastad.put_along_axis'),
+    'numpy.copyto': (lambda x: np.copyto(np.zeros(3), x), 'np.broadcast_to'),
+}
+PLAIN_RESULTS = {   # entry point: (a call on traced x, the same call on plain arrays)
+    'Traced.round': lambda x: x.round(1), 'Traced.searchsorted': lambda x: np.sort(x).searchsorted([0.2, 1.5]),
 }
 
 def adapter_tables():
@@ -468,7 +869,7 @@ def all_primitives():
     "Every Primitive the primitives, engine and adapter modules define (user registrations aside)."
     found = set()
     modules = [P, engine] + [importlib.import_module(f"fastad.{i.name}") for i in pkgutil.iter_modules(fd.__path__)
-                             if 'adapter' in i.name]
+                             if 'adapter' in i.name or i.name.startswith('primitives') or i.name == 'dispatch']
     for module in modules:
         for v in vars(module).values():
             for p in (v, getattr(v, 'primitive', None)):
@@ -478,7 +879,7 @@ def all_primitives():
     return found
 
 def test_every_entry_point_has_a_spec():
-    covered = {c for s in SPECS for c in s.covers}
+    covered = {c for s in SPECS for c in s.covers} | set(REFUSED) | set(PLAIN_RESULTS)
     missing = sorted(entry_points() - covered)
     assert not missing, f"no property spec for: {', '.join(missing)} (add one to SPECS in {__file__})"
 
@@ -508,6 +909,25 @@ def test_every_primitive_runs_forward_and_backward_under_the_specs():
         missing = sorted(all_primitives() - {name for p, name in seen if p == phase})
         assert not missing, f"primitives never run {phase} by any spec: {missing}"
 
+@pytest.mark.parametrize('name', REFUSED)
+def test_in_place_members_are_refused_naming_the_alternative(name):
+    call, words = REFUSED[name]
+    with pytest.raises(DifferentiationError, match='in place') as e: fd.gradient(lambda x: call(x) or x.sum(), np.linspace(0.1, 1, 3))
+    assert words in str(e.value), str(e.value)
+
+@pytest.mark.parametrize('name', PLAIN_RESULTS)
+def test_piecewise_constant_members_give_plain_results(name):
+    "Their value is the plain one, untraced: `f(x) * x` has gradient f(x), f itself contributing nothing."
+    f, x = PLAIN_RESULTS[name], np.array([-1.26, 0.31, 1.77])
+    seen = []
+    def use(y):
+        r = f(y)
+        seen.append(type(r))
+        return np.sum(r * y[:np.size(r)])
+    g = fd.gradient(use, x)
+    assert seen == [np.ndarray], seen
+    np.testing.assert_array_equal(g[:np.size(f(x))], f(x))
+
 # --- the checks ---------------------------------------------------------------------------------------------------
 def on_device(obj):
     "Arrays (also inside tuples and lists) moved to the active backend's device; everything else as is."
@@ -531,7 +951,8 @@ def check_first_order(s, xs, kw, seed):
     plain = f(*xs)
     value, pb = fd.value_with_pullback(f, *xs)
     same_kind(value, plain)
-    np.testing.assert_array_equal(to_host(value), to_host(plain))
+    if s.exact: np.testing.assert_array_equal(to_host(value), to_host(plain))
+    else: np.testing.assert_allclose(to_host(value), to_host(plain), rtol=1e-12, atol=1e-12)
     v_host = rng.standard_normal(np.shape(to_host(value)))
     v = to_device(v_host)
     grads = pb(v)
@@ -595,7 +1016,8 @@ def test_float32_in_float32_out(any_backend, s, data):
     plain = f(*xs)
     value, pb = fd.value_with_pullback(f, *xs)
     assert value.dtype == plain.dtype, (value.dtype, plain.dtype)
-    if not any(isinstance(c, (list, np.ndarray)) or type(c).__name__ == 'StrictArray' for c in kw.values()) and 'dtype' not in kw:
+    if (not any(isinstance(c, (list, np.ndarray)) or type(c).__name__ == 'StrictArray' for c in kw.values()) and 'dtype' not in kw
+            and not s.float64_value):
         assert value.dtype == np.float32, value.dtype                    # Python-number constants never promote
     grads = pb(to_device(np.ones(np.shape(to_host(value)), value.dtype)))
     for x, g in zip(xs, grads if len(xs) > 1 else (grads,)):
