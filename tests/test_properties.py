@@ -255,6 +255,59 @@ def logits_draw(data):
 spec("fd.softmax_cross_entropy", ["fastad.softmax_cross_entropy"], lambda x, labels: fd.softmax_cross_entropy(x, labels), logits_draw,
      host_only=True, note="labels are host integers")
 
+# linear algebra (03a2): a small perturbation 0.05 m of a well-conditioned base with eigenvalues (or singular
+# values) 2, 5, 8, ... kept at least 1.4 apart, so every function here is smooth around the draw; vectors are
+# compared through sign-free quantities (squares), whose derivative exists when the spectrum is distinct
+def base_matrix(p, q=None):
+    q = p if q is None else q
+    b = np.zeros((p, q))
+    for i in range(min(p, q)): b[i, i] = 2.0 + 3.0 * i
+    return b
+
+def square_draw(data, batch=True):
+    n = data.draw(st.integers(1, 4), label='n')
+    lead = data.draw(st.sampled_from([(), (2,)])) if batch else ()
+    return [values(data, (*lead, n, n))], dict(base=base_matrix(n))
+
+def rect_draw(data, tall=False):
+    p, q = data.draw(st.integers(1, 4), label='p'), data.draw(st.integers(1, 4), label='q')
+    if tall and p < q: p, q = q, p
+    return [values(data, (p, q))], dict(base=base_matrix(p, q))
+
+def sym(m): return m + np.swapaxes(m, -1, -2)
+def flat(*parts): return np.concatenate([np.reshape(a, (-1,)) for a in parts])
+
+spec("np.linalg.inv", ["numpy.inv"], lambda m, base: np.linalg.inv(base + 0.05 * m), square_draw, exact=False)
+def solve_draw(data):
+    (m,), kw = square_draw(data, batch=False)
+    n = m.shape[-1]
+    return [m, values(data, data.draw(st.sampled_from([(n,), (n, 2)])))], kw
+spec("np.linalg.solve", ["numpy.solve"], lambda m, b, base: np.linalg.solve(base + 0.05 * m, b), solve_draw, exact=False)
+spec("np.linalg.det", ["numpy.det"], lambda m, base: np.linalg.det(base + 0.05 * m), square_draw, exact=False)
+spec("np.linalg.slogdet", ["numpy.slogdet"], lambda m, base: np.linalg.slogdet(base + 0.05 * m).logabsdet, square_draw,
+     exact=False, note="the log of |det|; the sign is piecewise constant")
+spec("np.linalg.cholesky", ["numpy.cholesky"], lambda m, base: np.linalg.cholesky(base + 0.05 * sym(m)), square_draw,
+     exact=False, note="a symmetric positive-definite input")
+spec("np.linalg.eigh", ["numpy.eigh"], lambda m, base: (lambda r: flat(r.eigenvalues, r.eigenvectors ** 2))(
+     np.linalg.eigh(base + 0.05 * sym(m))), lambda data: square_draw(data, batch=False), exact=False,
+     note="distinct eigenvalues; eigenvectors through their squares, which do not depend on their signs")
+spec("np.linalg.eigvalsh", ["numpy.eigvalsh"], lambda m, base: np.linalg.eigvalsh(base + 0.05 * sym(m)), square_draw, exact=False)
+spec("np.linalg.svd", ["numpy.svd"], lambda m, base: (lambda r: flat(r.S, r.U ** 2, r.Vh ** 2))(
+     np.linalg.svd(base + 0.05 * m, full_matrices=False)), rect_draw, exact=False,
+     note="distinct, nonzero singular values; singular vectors through their squares")
+spec("np.linalg.svdvals", ["numpy.svdvals"], lambda m, base: np.linalg.svdvals(base + 0.05 * m), rect_draw, exact=False)
+spec("np.linalg.pinv", ["numpy.pinv"], lambda m, base: np.linalg.pinv(base + 0.05 * m), rect_draw, exact=False,
+     note="full rank, so the rank cannot change nearby")
+spec("np.linalg.qr", ["numpy.qr"], lambda m, base: (lambda r: flat(r.Q, r.R))(np.linalg.qr(base + 0.05 * m)),
+     lambda data: rect_draw(data, tall=True), exact=False, note="full column rank: the reduced QR is unique")
+def power_draw(data):
+    xs, kw = square_draw(data)
+    return xs, dict(kw, k=data.draw(st.sampled_from([1, 2, 3, -1, -2]), label="k"))
+spec("np.linalg.matrix_power", ["numpy.matrix_power"], lambda m, base, k: np.linalg.matrix_power(0.3 * base + 0.05 * m, k),
+     power_draw, exact=False)
+spec("np.linalg.cond", ["numpy.cond"], lambda m, base: np.linalg.cond(base + 0.05 * m), square_draw, exact=False,
+     note="2-norm condition number: distinct largest and smallest singular values")
+
 # products
 def matmul_draw(data):
     m, k, n = data.draw(st.tuples(*[st.integers(0, 3)] * 3), label='m, k, n')
