@@ -133,9 +133,17 @@ def _dtype(op, dtype, kinds='biufc'):
                             f"got {d if d is not None else repr(dtype)}")
     return d
 
-def zeros(shape, dtype=np.float32): return xp().zeros(_shape('zeros', shape), dtype=_dtype('zeros', dtype))
-def ones(shape, dtype=np.float32): return xp().ones(_shape('ones', shape), dtype=_dtype('ones', dtype))
-def arange(*args, dtype=None): return xp().arange(*args, dtype=dtype)
+def zeros(shape, dtype=np.float32):
+    "An array of zeros of the active module (float32 unless `dtype` says otherwise)."
+    return xp().zeros(_shape('zeros', shape), dtype=_dtype('zeros', dtype))
+
+def ones(shape, dtype=np.float32):
+    "An array of ones of the active module (float32 unless `dtype` says otherwise)."
+    return xp().ones(_shape('ones', shape), dtype=_dtype('ones', dtype))
+
+def arange(*args, dtype=None):
+    "`numpy.arange` of the active module."
+    return xp().arange(*args, dtype=dtype)
 
 def asarray(x, dtype=None):
     "`x` as an array of numbers of the active module (host data is copied to the device)."

@@ -59,21 +59,29 @@ def unbroadcast(g, shape):
 
 # %% ../nbs/03a_primitives.ipynb #a485fe24
 @defvwc(np.add, broadcasts=True)
-def add_vwc(x, y): return x + y, (lambda g: g, lambda g: g)
+def add_vwc(x, y):
+    "x + y: the cotangent passes to both unchanged."
+    return x + y, (lambda g: g, lambda g: g)
 
 @defvwc(np.subtract, broadcasts=True)
-def subtract_vwc(x, y): return x - y, (lambda g: g, lambda g: -g)
+def subtract_vwc(x, y):
+    "x - y: the cotangent passes to x, negated to y."
+    return x - y, (lambda g: g, lambda g: -g)
 
 @defvwc(np.multiply, broadcasts=True)
-def multiply_vwc(x, y): return x * y, (lambda g: g * y, lambda g: g * x)
+def multiply_vwc(x, y):
+    "x * y: each factor's cotangent is g times the other factor."
+    return x * y, (lambda g: g * y, lambda g: g * x)
 
 @defvwc(np.true_divide, broadcasts=True)
 def divide_vwc(x, y):
+    "x / y: g / y for x, -g x / y² for y."
     ans = x / y
     return ans, (lambda g: g / y, lambda g: -g * ans / y)
 
 @defvwc(np.power, broadcasts=True)
 def power_vwc(x, y):
+    "x ** y: g y x^(y-1) for x, g x^y log x for y (where x > 0)."
     ans = x ** y
     def dx(g):
         if np.ndim(y) == 0:
@@ -89,10 +97,14 @@ def remainder_vwc(x, y):
     return np.remainder(x, y), (lambda g: g, lambda g: -g * np.floor_divide(x, y))
 
 @defvwc(np.negative, unary=True)
-def negative_vwc(x): return -x, lambda g: -g
+def negative_vwc(x):
+    "-x: the cotangent, negated."
+    return -x, lambda g: -g
 
 @defvwc(np.positive, unary=True)
-def positive_vwc(x): return x, lambda g: g
+def positive_vwc(x):
+    "+x: the cotangent, unchanged."
+    return x, lambda g: g
 
 def as_mask(m, like=None):
     """`m` as booleans, so `~m` is a logical not (on a Python bool, `~True` is -2): an array stays in its module,
@@ -125,35 +137,47 @@ def minimum_vwc(x, y):
 # %% ../nbs/03a_primitives.ipynb #d9c54603
 @defvwc(np.exp, unary=True)
 def exp_vwc(x):
+    "exp(x): g times the result itself."
     ans = np.exp(x)
     return ans, lambda g: g * ans
 
 @defvwc(np.log, unary=True)
-def log_vwc(x): return np.log(x), lambda g: g / x
+def log_vwc(x):
+    "log(x): g / x."
+    return np.log(x), lambda g: g / x
 
 @defvwc(np.sin, unary=True)
-def sin_vwc(x): return np.sin(x), lambda g: g * np.cos(x)
+def sin_vwc(x):
+    "sin(x): g cos(x)."
+    return np.sin(x), lambda g: g * np.cos(x)
 
 @defvwc(np.cos, unary=True)
-def cos_vwc(x): return np.cos(x), lambda g: -g * np.sin(x)
+def cos_vwc(x):
+    "cos(x): -g sin(x)."
+    return np.cos(x), lambda g: -g * np.sin(x)
 
 @defvwc(np.tan, unary=True)
 def tan_vwc(x):
+    "tan(x): g (1 + tan²x), from the result."
     ans = np.tan(x)
     return ans, lambda g: g * (1 + ans * ans)
 
 @defvwc(np.tanh, unary=True)
 def tanh_vwc(x):
+    "tanh(x): g (1 - tanh²x), from the result."
     ans = np.tanh(x)
     return ans, lambda g: g * (1 - ans * ans)
 
 @defvwc(np.sqrt, unary=True)
 def sqrt_vwc(x):
+    "sqrt(x): g / (2 sqrt(x)), from the result."
     ans = np.sqrt(x)
     return ans, lambda g: g / (2 * ans)
 
 @defvwc(np.square, unary=True)
-def square_vwc(x): return x * x, lambda g: g * 2 * x
+def square_vwc(x):
+    "x²: 2 g x."
+    return x * x, lambda g: g * 2 * x
 
 @defvwc(np.absolute, unary=True)
 def abs_vwc(x):
@@ -162,11 +186,14 @@ def abs_vwc(x):
 
 @defvwc(np.expm1, unary=True)
 def expm1_vwc(x):
+    "exp(x) - 1: g (result + 1)."
     ans = np.expm1(x)
     return ans, lambda g: g * (ans + 1)
 
 @defvwc(np.log1p, unary=True)
-def log1p_vwc(x): return np.log1p(x), lambda g: g / (1 + x)
+def log1p_vwc(x):
+    "log(1 + x): g / (1 + x)."
+    return np.log1p(x), lambda g: g / (1 + x)
 
 # %% ../nbs/03a_primitives.ipynb #958e6310
 def _module_under(x):
@@ -176,6 +203,7 @@ def _module_under(x):
 
 @defvwc(np.matmul)
 def matmul_vwc(x, y):
+    "x @ y (vectors, matrices, stacks): g @ yᵀ for x, xᵀ @ g for y."
     # a list on one side (`[1., 2.] @ x`) becomes an array of the other side's kind, so that the chains can index it
     if isinstance(x, (list, tuple)): x = _module_under(y).asarray(x)
     if isinstance(y, (list, tuple)): y = _module_under(x).asarray(y)
@@ -191,6 +219,7 @@ def matmul_vwc(x, y):
 
 @defvwc(np.dot)
 def dot_vwc(x, y):
+    "numpy.dot: a matrix product, or a broadcasting product when an operand is a scalar."
     if np.ndim(x) > 2 or np.ndim(y) > 2:
         raise NoDerivativeError("numpy.dot of arrays with more than 2 dimensions has no derivative in fastad: use matmul (@)")
     if np.ndim(x) and np.ndim(y): return matmul_vwc(x, y)
@@ -213,6 +242,7 @@ def _einsum_subscripts(subscripts, shapes):
 
 @defvwc(np.einsum)
 def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
+    "numpy.einsum with string subscripts: each operand's cotangent is another einsum of g and the others."
     if unsupported: raise DifferentiationError(f"numpy.einsum: {', '.join(unsupported)}= cannot be differentiated")
     if not isinstance(subscripts, str):
         raise NoDerivativeError("numpy.einsum: only the string form of the subscripts ('ij,jk->ik') can be differentiated")
@@ -257,11 +287,13 @@ def _count(shape, axis):
 
 @defvwc(np.sum, unary=True)
 def sum_vwc(x, *, axis=None, keepdims=False):
+    "Sum over `axis`: the cotangent broadcast back over the summed axes."
     shape = np.shape(x)
     return np.sum(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(_expand(g, shape, axis, keepdims), shape)
 
 @defvwc(np.mean, unary=True)
 def mean_vwc(x, *, axis=None, keepdims=False):
+    "Mean over `axis`: the cotangent divided by the count, broadcast back."
     shape = np.shape(x)
     n = max(_count(shape, axis), 1)
     return np.mean(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(_expand(g / n, shape, axis, keepdims), shape)
@@ -274,10 +306,14 @@ def _extremum_vwc(reduce, x, axis, keepdims):
     return reduce(x, axis=axis, keepdims=keepdims), lambda g: _expand(g, shape, axis, keepdims) * share
 
 @defvwc(np.max, np.amax, unary=True)
-def max_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.max, x, axis, keepdims)
+def max_vwc(x, *, axis=None, keepdims=False):
+    "Largest value over `axis`: the cotangent goes to the maxima, shared equally between ties."
+    return _extremum_vwc(np.max, x, axis, keepdims)
 
 @defvwc(np.min, np.amin, unary=True)
-def min_vwc(x, *, axis=None, keepdims=False): return _extremum_vwc(np.min, x, axis, keepdims)
+def min_vwc(x, *, axis=None, keepdims=False):
+    "Smallest value over `axis`: the cotangent goes to the minima, shared equally between ties."
+    return _extremum_vwc(np.min, x, axis, keepdims)
 
 @defvwc(np.var, unary=True)
 def var_vwc(x, *, axis=None, ddof=0, keepdims=False):
@@ -303,34 +339,42 @@ def std_vwc(x, *, axis=None, ddof=0, keepdims=False):
 # %% ../nbs/03a_primitives.ipynb #dce5ca50
 @defvwc(np.reshape, unary=True)
 def reshape_vwc(x, *, shape, order='C'):
+    "A new shape: the cotangent reshaped back, in the same order."
     old = np.shape(x)                                 # the cotangent goes back in the same order it came
     return np.reshape(x, shape, order=order), lambda g: np.reshape(g, old, order=order)
 
 @defvwc(np.transpose, unary=True)
 def transpose_vwc(x, *, axes=None):
+    "Axes permuted: the cotangent permuted back by the inverse permutation."
     inverse = None if axes is None else tuple(int(i) for i in np.argsort([a % np.ndim(x) for a in axes]))
     return np.transpose(x, axes), lambda g: np.transpose(g, inverse)
 
 @defvwc(np.swapaxes, unary=True)
-def swapaxes_vwc(x, *, axis1, axis2): return np.swapaxes(x, axis1, axis2), lambda g: np.swapaxes(g, axis1, axis2)
+def swapaxes_vwc(x, *, axis1, axis2):
+    "Two axes swapped: the cotangent swapped back."
+    return np.swapaxes(x, axis1, axis2), lambda g: np.swapaxes(g, axis1, axis2)
 
 @defvwc(np.squeeze, unary=True)
 def squeeze_vwc(x, *, axis=None):
+    "Size-1 axes removed: the cotangent reshaped back."
     old = np.shape(x)
     return np.squeeze(x, axis=axis), lambda g: np.reshape(g, old)
 
 @defvwc(np.expand_dims, unary=True)
 def expand_dims_vwc(x, *, axis):
+    "A size-1 axis inserted: the cotangent reshaped back."
     old = np.shape(x)
     return np.expand_dims(x, axis), lambda g: np.reshape(g, old)
 
 @defvwc(np.ravel, unary=True)
 def ravel_vwc(x, *, order='C'):
+    "Flattened: the cotangent reshaped back, in the same order."
     old = np.shape(x)
     return np.ravel(x, order=order), lambda g: np.reshape(g, old, order=order)
 
 @defvwc(np.broadcast_to, unary=True)
 def broadcast_to_vwc(x, *, shape):
+    "Broadcast to `shape`: the cotangent summed back down to x's shape."
     old = np.shape(x)
     return np.broadcast_to(x, shape), lambda g: unbroadcast(g, old)
 
@@ -349,10 +393,12 @@ scatter_add = scatter_add_vwc.primitive
 
 @defvwc(name='getitem', unary=True)
 def getitem_vwc(x, *, index):
+    "x[index]: the cotangent scattered back into zeros shaped like x (repeated indices add)."
     return x[index], lambda g: scatter_add(g, index=index, like=x)
 
 @defvwc(np.concatenate)
 def concatenate_vwc(*xs, axis=0):
+    "Joined along `axis`: each input's cotangent is its slice of g."
     axis = axis % np.ndim(xs[0])
     ends = np.cumsum([np.shape(x)[axis] for x in xs]).tolist()
     def chain(i):                                     # a slice, not an index array: nothing built on the host
@@ -362,6 +408,7 @@ def concatenate_vwc(*xs, axis=0):
 
 @defvwc(np.stack)
 def stack_vwc(*xs, axis=0):
+    "Stacked along a new `axis`: each input's cotangent is its index along that axis of g."
     axis = axis % (np.ndim(xs[0]) + 1)
     def chain(i):
         index = (slice(None),) * axis + (i,)
@@ -371,6 +418,7 @@ def stack_vwc(*xs, axis=0):
 # %% ../nbs/03a_primitives.ipynb #5d8be29c
 @defvwc(np.where)
 def where_vwc(cond, x, y):
+    "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond
     return np.where(cond, x, y), (None, lambda g: unbroadcast(g * cond, np.shape(x)),
                                         lambda g: unbroadcast(g * ~cond, np.shape(y)))

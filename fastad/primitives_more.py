@@ -33,52 +33,77 @@ def _module(x):
 _LN2, _LN10, _DEG = math.log(2), math.log(10), math.pi / 180
 
 @defvwc(np.log2, unary=True)
-def log2_vwc(x): return np.log2(x), lambda g: g / (x * _LN2)
+def log2_vwc(x):
+    "log₂(x): g / (x ln 2)."
+    return np.log2(x), lambda g: g / (x * _LN2)
 
 @defvwc(np.log10, unary=True)
-def log10_vwc(x): return np.log10(x), lambda g: g / (x * _LN10)
+def log10_vwc(x):
+    "log₁₀(x): g / (x ln 10)."
+    return np.log10(x), lambda g: g / (x * _LN10)
 
 @defvwc(np.exp2, unary=True)
 def exp2_vwc(x):
+    "2^x: g 2^x ln 2, from the result."
     ans = np.exp2(x)
     return ans, lambda g: g * ans * _LN2
 
 @defvwc(np.sinh, unary=True)
-def sinh_vwc(x): return np.sinh(x), lambda g: g * np.cosh(x)
+def sinh_vwc(x):
+    "sinh(x): g cosh(x)."
+    return np.sinh(x), lambda g: g * np.cosh(x)
 
 @defvwc(np.cosh, unary=True)
-def cosh_vwc(x): return np.cosh(x), lambda g: g * np.sinh(x)
+def cosh_vwc(x):
+    "cosh(x): g sinh(x)."
+    return np.cosh(x), lambda g: g * np.sinh(x)
 
 @defvwc(np.arcsin, unary=True)
-def arcsin_vwc(x): return np.arcsin(x), lambda g: g / np.sqrt(1 - x * x)
+def arcsin_vwc(x):
+    "arcsin(x): g / sqrt(1 - x²)."
+    return np.arcsin(x), lambda g: g / np.sqrt(1 - x * x)
 
 @defvwc(np.arccos, unary=True)
-def arccos_vwc(x): return np.arccos(x), lambda g: -g / np.sqrt(1 - x * x)
+def arccos_vwc(x):
+    "arccos(x): -g / sqrt(1 - x²)."
+    return np.arccos(x), lambda g: -g / np.sqrt(1 - x * x)
 
 @defvwc(np.arctan, unary=True)
-def arctan_vwc(x): return np.arctan(x), lambda g: g / (1 + x * x)
+def arctan_vwc(x):
+    "arctan(x): g / (1 + x²)."
+    return np.arctan(x), lambda g: g / (1 + x * x)
 
 @defvwc(np.arcsinh, unary=True)
-def arcsinh_vwc(x): return np.arcsinh(x), lambda g: g / np.sqrt(x * x + 1)
+def arcsinh_vwc(x):
+    "arcsinh(x): g / sqrt(x² + 1)."
+    return np.arcsinh(x), lambda g: g / np.sqrt(x * x + 1)
 
 @defvwc(np.arccosh, unary=True)
-def arccosh_vwc(x): return np.arccosh(x), lambda g: g / np.sqrt(x * x - 1)
+def arccosh_vwc(x):
+    "arccosh(x): g / sqrt(x² - 1)."
+    return np.arccosh(x), lambda g: g / np.sqrt(x * x - 1)
 
 @defvwc(np.arctanh, unary=True)
-def arctanh_vwc(x): return np.arctanh(x), lambda g: g / (1 - x * x)
+def arctanh_vwc(x):
+    "arctanh(x): g / (1 - x²)."
+    return np.arctanh(x), lambda g: g / (1 - x * x)
 
 @defvwc(np.reciprocal, unary=True)
 def reciprocal_vwc(x):
+    "1 / x: -g / x², from the result."
     ans = np.reciprocal(x)
     return ans, lambda g: -g * ans * ans
 
 @defvwc(np.cbrt, unary=True)
 def cbrt_vwc(x):
+    "∛x: g / (3 ∛x²), from the result."
     ans = np.cbrt(x)
     return ans, lambda g: g / (3 * ans * ans)
 
 @defvwc(np.fabs, unary=True)
-def fabs_vwc(x): return np.fabs(x), lambda g: g * np.sign(x)
+def fabs_vwc(x):
+    "|x| (floating point): g sign(x), 0 at 0."
+    return np.fabs(x), lambda g: g * np.sign(x)
 
 @defvwc(np.sinc, unary=True)
 def sinc_vwc(x):
@@ -89,10 +114,14 @@ def sinc_vwc(x):
     return ans, lambda g: g * np.where(nonzero, (np.cos(math.pi * x) - ans) / safe, 0)
 
 @defvwc(np.deg2rad, np.radians, unary=True)
-def deg2rad_vwc(x): return np.deg2rad(x), lambda g: g * _DEG
+def deg2rad_vwc(x):
+    "Degrees to radians: g π/180."
+    return np.deg2rad(x), lambda g: g * _DEG
 
 @defvwc(np.rad2deg, np.degrees, unary=True)
-def rad2deg_vwc(x): return np.rad2deg(x), lambda g: g / _DEG
+def rad2deg_vwc(x):
+    "Radians to degrees: g 180/π."
+    return np.rad2deg(x), lambda g: g / _DEG
 
 @defvwc(np.nan_to_num, unary=True)
 def nan_to_num_vwc(x, *, copy=True, nan=0.0, posinf=None, neginf=None):
@@ -122,6 +151,7 @@ def logaddexp_vwc(x, y):
 
 @defvwc(np.logaddexp2, broadcasts=True)
 def logaddexp2_vwc(x, y):
+    "log₂(2^x + 2^y): each operand's share 2^(operand - result) of g."
     ans = np.logaddexp2(x, y)
     return ans, (lambda g: g * np.exp2(x - ans), lambda g: g * np.exp2(y - ans))
 
@@ -138,6 +168,7 @@ def fmax_vwc(x, y):
 
 @defvwc(np.fmin, broadcasts=True)
 def fmin_vwc(x, y):
+    "Elementwise minimum ignoring NaN: g to the smaller operand, split ½/½ at ties."
     ans, half = np.fmin(x, y), _half(np.fmin(x, y))
     twice = _nan_shares(np.add(x <= y, x < y, dtype=np.int8), x, y)
     return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
@@ -188,6 +219,7 @@ def _rcumsum(g, axis):
 
 @defvwc(np.cumsum, unary=True)
 def cumsum_vwc(x, *, axis):
+    "Running sum along `axis`: the cotangent summed from the end (a reversed running sum)."
     return np.cumsum(x, axis=axis), lambda g: _rcumsum(g, axis)
 
 @defvwc(np.cumprod, unary=True)
@@ -218,10 +250,13 @@ norm2 = norm2_vwc.primitive
 
 # %% ../nbs/03a1_more_primitives.ipynb #bra60812
 @defvwc(np.flip, unary=True)
-def flip_vwc(x, *, axis=None): return np.flip(x, axis), lambda g: np.flip(g, axis)
+def flip_vwc(x, *, axis=None):
+    "Reversed along `axis`: the cotangent reversed back."
+    return np.flip(x, axis), lambda g: np.flip(g, axis)
 
 @defvwc(np.roll, unary=True)
 def roll_vwc(x, *, shift, axis=None):
+    "Rolled by `shift`: the cotangent rolled back."
     back = -shift if np.ndim(shift) == 0 else tuple(-s for s in shift)
     return np.roll(x, shift, axis), lambda g: np.roll(g, back, axis)
 
@@ -233,6 +268,7 @@ def triu_vwc(x, *, k=0):
 
 @defvwc(np.tril, unary=True)
 def tril_vwc(x, *, k=0):
+    "The lower triangle (below diagonal `k`): the cotangent's lower triangle."
     shape = np.shape(x)
     return np.tril(x, k), lambda g: unbroadcast(np.tril(g, k), shape)
 

@@ -70,8 +70,6 @@ def undocumented_exports():
                 if (inspect.isfunction(getattr(mod, n)) or inspect.isclass(getattr(mod, n))) and not inspect.getdoc(getattr(mod, n))]
     return out
 
-@pytest.mark.xfail(strict=True, reason="the VWCs in 03a_primitives (add_vwc, ...) and zeros/ones/arange in 00_backend "
-                   "are exported without docstrings; their notebooks are being reworked")
 def test_every_exported_function_has_a_docstring():
     missing = undocumented_exports()
     assert not missing, f"exported without a docstring ({len(missing)}): {missing}"
