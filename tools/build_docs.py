@@ -65,7 +65,8 @@ def exporter():
     c = Config()
     c.TagRemovePreprocessor.update(enabled=True, remove_cell_tags={'remove-cell'}, remove_input_tags={'remove-input'},
                                    remove_all_outputs_tags={'remove-output'})
-    return CourseExporter(config=c, template_name='basic', exclude_input_prompt=True, exclude_output_prompt=True)
+    return CourseExporter(config=c, template_name='basic', extra_template_paths=[str(ASSETS)],
+                          template_file='course.html.j2', exclude_input_prompt=True, exclude_output_prompt=True)
 
 # --- documentation of one name, as nbdev's show_doc gives it -----------------------------------------------
 def anchor(name): return name.lower()                           # nbdev's anchors, as fastad/_modidx.py links them
@@ -143,7 +144,7 @@ def notebook_for_the_page(path):
         lines = c.source.splitlines()
         opts = {}
         while lines and _QUARTO_OPT.match(lines[0]):                 # Quarto's cell options, which nbdev leaves
-            k, v = _QUARTO_OPT.match(lines.pop(0)).groups(); opts[k] = v.lower()
+            k, v = _QUARTO_OPT.match(lines.pop(0)).groups(); opts[k] = v.strip('"\'')
         source = '\n'.join(lines).strip()
         shown = _SHOW_DOC.match(source)
         if shown:                                                    # show_doc(name): the name's documentation
@@ -152,10 +153,12 @@ def notebook_for_the_page(path):
             else: cells.append(nbformat.v4.new_markdown_cell(doc_block(shown.group(1), obj)))
             continue
         tags = [t for k, t in (('include', 'remove-cell'), ('echo', 'remove-input'), ('output', 'remove-output'))
-                if opts.get(k) == 'false']
+                if opts.get(k, '').lower() == 'false']
         if not source and not c.get('outputs'): continue
         cell = nbformat.v4.new_code_cell(source, outputs=[output(o) for o in c.get('outputs', [])])
         if tags: cell.metadata['tags'] = tags
+        if opts.get('code-fold', '').lower() in ('true', 'show'):       # folded under its summary, as Quarto shows it
+            cell.metadata['fold'] = {'summary': opts.get('code-summary', 'Code'), 'open': opts['code-fold'].lower() == 'show'}
         cells.append(cell)
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata['language_info'] = {'name': 'python', 'pygments_lexer': 'ipython3'}
@@ -296,10 +299,10 @@ def numpy_row(name, links, dispatch_page):
     adapter = None if ufunc else E._ADAPTERS.get(f)                  # the engine asks the adapter first
     vwc = getattr(prim, 'vwc', None)
     link = links.get(f'{vwc.__module__}.{vwc.__name__}') if vwc else None
-    how = 'ufunc' if ufunc else ('function, by an adapter' if adapter else 'function')
+    how = 'ufunc' if ufunc else ('adapter' if adapter else 'function')
     prim_cell = (f'<a href="{link}"><code>{prim.name}</code></a>' if link else f'<code>{prim.name}</code>') if prim else ''
     if adapter and not vwc:
-        derivative = f'<span class="from">arguments mapped onto primitives by an <a href="{dispatch_page}">adapter</a></span>'
+        derivative = f'<span class="from"><a href="{dispatch_page}">composed of primitives</a></span>'
     else: derivative = vwc_html(vwc) if vwc else '<span class="from">a custom derivative</span>'
     return f'<tr><td><code>{name}</code></td><td>{how}</td><td>{prim_cell}</td><td>{derivative}</td></tr>'
 
