@@ -132,7 +132,12 @@ def test_a_notebook_page_shows_what_nbdev_shows(site, stem):
     for c in cells(stem):
         d = directives(c)
         body = squeeze(re.sub(r'^\s*#\s*\|.*$', '', source(c), flags=re.M))
-        if d & {'hide', 'export', 'exporti', 'default_exp'} and len(body) > 30:
+        if 'code-fold' in d and re.search(r'^\s*#\s*\|\s*code-fold:\s*true', source(c), re.M):
+            summary = re.search(r'^\s*#\s*\|\s*code-summary:\s*"?([^"\n]*)', source(c), re.M)
+            fold = re.escape(f'<details class="fold"><summary>{summary.group(1) if summary else "Code"}</summary>')
+            folded = [squeeze(text(m)) for m in re.findall(fold + r'(.*?)</details>', page, re.S)]
+            assert body in folded, f"a code-fold cell is not folded under its summary: {body[:80]}"
+        elif d & {'hide', 'export', 'exporti', 'default_exp'} and len(body) > 30:
             assert body not in shown, f"a {sorted(d)} cell is on the page: {body[:80]}"
         elif c['cell_type'] == 'code' and not d and len(body) > 10:
             assert body in shown, f"a code cell is missing from the page: {body[:80]}"
