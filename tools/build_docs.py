@@ -4,9 +4,11 @@ Every notebook that nbs/sidebar.yml lists, in its order, rendered by nbconvert's
 outputs (nothing runs), with its cells treated as nbdev treats them for its Quarto site: `#| hide` and
 `#| export` cells left out, each exported name documented where it is defined, directives stripped from the
 code shown. Math becomes MathML, which browsers draw without any script, so the pages need nothing from the
-web. Beside the lessons: the index (the README's notebook and the contents in course order), an API reference
-of every public name of `fastad`, the table of NumPy functions fastad differentiates (read from its registry),
-and the benchmarks."""
+web. `#| code-fold` cells show their code folded under a summary, as Quarto does. Beside the lessons: the index
+(the README's notebook and the contents in course order), an API reference of every public name of `fastad`
+(grouped by module, in the sidebar's order of the notebooks making them), the NumPy functions fastad
+differentiates (`fastad.dispatch.supported_functions()`, by group), and the benchmarks (bench/README.md, then the
+suite's table and chart)."""
 import argparse, ast, html, importlib, inspect, re, shutil, sys, warnings
 from pathlib import Path
 
