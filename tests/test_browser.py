@@ -95,6 +95,18 @@ def test_a_lesson_looks_like_a_page(browser, site):
     width = browser.execute_script("return document.querySelector('article').getBoundingClientRect().width")
     assert 600 < width <= 52 * 17 + 1, f"a readable column, not the whole screen: {width}px"
 
+def test_a_solution_is_folded_until_opened(browser, site):
+    "Lesson 04's exercises: each solution's code hidden under a 'Solution' line, shown by a click."
+    from selenium.webdriver.common.by import By
+    browser.get((site / f"{build_docs.page_name('04_custom_derivatives')}.html").as_uri())
+    folds = browser.find_elements(By.CSS_SELECTOR, 'details.fold')
+    assert folds and all(f.find_element(By.TAG_NAME, 'summary').text == 'Solution' for f in folds)
+    code = folds[0].find_element(By.CSS_SELECTOR, '.input_area')
+    assert not code.is_displayed(), "folded at first"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", folds[0])
+    folds[0].find_element(By.TAG_NAME, 'summary').click()
+    assert code.is_displayed() and 'softplus' in code.text, "a click shows the solution"
+
 # --- (b) lesson 01 in JupyterLab --------------------------------------------------------------------------
 def free_port():
     with socket.socket() as s:

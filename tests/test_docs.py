@@ -75,14 +75,16 @@ def test_every_exported_function_has_a_docstring():
     assert not missing, f"exported without a docstring ({len(missing)}): {missing}"
 
 def exported_names(stem):
-    "Public functions and classes a notebook's `#| export` cells define (what nbdev's add_show_docs documents)."
+    """Public functions and classes a notebook's `#| export` cells define, named as nbdev's add_show_docs documents
+    them: a method added with fastcore's `@patch` is `Class.method`."""
     import ast
+    from nbdev.showdoc import showdoc_nm
     names = []
     for c in cells(stem):
         if c['cell_type'] != 'code' or not directives(c) & {'export', 'exports'} or 'hide' in directives(c): continue
         try: tree = ast.parse(re.sub(r'^\s*[%!].*$', '', source(c), flags=re.M))
         except SyntaxError: continue
-        names += [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith('_')]
+        names += [showdoc_nm(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith('_')]
     return names
 
 def test_notebooks_without_show_doc_cells_are_reported(capsys):
@@ -128,7 +130,12 @@ def test_a_notebook_page_shows_what_nbdev_shows(site, stem):
     for c in cells(stem):
         d = directives(c)
         body = squeeze(re.sub(r'^\s*#\s*\|.*$', '', source(c), flags=re.M))
-        if d & {'hide', 'export', 'exporti', 'default_exp'} and len(body) > 30:
+        if 'code-fold' in d and re.search(r'^\s*#\s*\|\s*code-fold:\s*true', source(c), re.M):
+            summary = re.search(r'^\s*#\s*\|\s*code-summary:\s*"?([^"\n]*)', source(c), re.M)
+            fold = re.escape(f'<details class="fold"><summary>{summary.group(1) if summary else "Code"}</summary>')
+            folded = [squeeze(text(m)) for m in re.findall(fold + r'(.*?)</details>', page, re.S)]
+            assert body in folded, f"a code-fold cell is not folded under its summary: {body[:80]}"
+        elif d & {'hide', 'export', 'exporti', 'default_exp'} and len(body) > 30:
             assert body not in shown, f"a {sorted(d)} cell is on the page: {body[:80]}"
         elif c['cell_type'] == 'code' and not d and len(body) > 10:
             assert body in shown, f"a code cell is missing from the page: {body[:80]}"
@@ -172,18 +179,45 @@ def test_api_reference_documents_every_public_name(site):
         assert f'id="{name.lower()}"' in page, name
         first = (inspect.getdoc(obj) or '').split('\n')[0]
         assert squeeze(html.unescape(re.sub(r'`', '', first)))[:40] in squeeze(text(page)), name
-    assert page.index('<code>fastad.backend</code>') < page.index('<code>fastad.transforms</code>'), "grouped, in course order"
+    groups = re.findall(r'<h2 id="(fastad\.\w+|modules)"', page)
+    homes = {f"fastad.{m}": s for s in sidebar_stems() if (NBS / f'{s}.ipynb').exists()
+             for m in re.findall(r'#\s*\|\s*default_exp\s+(\w+)', (NBS / f'{s}.ipynb').read_text())}
+    made = [g for g in groups if g != 'modules']
+    assert all(g in homes for g in made), f"every module's group is made by a notebook in the sidebar: {made}"
+    in_order = sorted(made, key=lambda g: sidebar_stems().index(homes[g]))
+    assert made == in_order and groups[-1] == 'modules', f"grouped in the order of the notebooks making them: {groups}"
+    assert page.index('<code>fastad.primitives</code>') < page.index('<code>fastad.transforms</code>') \
+        < page.index('<code>fastad.layers</code>') < page.index('<code>fastad.backend</code>'), "the sidebar's order"
 
 def test_numpy_table_is_the_registry(site):
-    P = importlib.import_module('fastad.primitives')
-    ufuncs, functions, adapters, nondiff = build_docs.registry()
+    """The page is fastad.dispatch.supported_functions(), grouped as it groups them; the plain list is what the engine
+    runs without a derivative (NONDIFFERENTIABLE, less what a primitive or adapter takes first)."""
+    import numpy as np
+    D, P, E = (importlib.import_module(f'fastad.{m}') for m in ('dispatch', 'primitives', 'engine'))
+    supported = D.supported_functions()
     page = (site / 'numpy.html').read_text()
     table, rest = page.split('id="nondifferentiable"', 1)
-    rows = set(re.findall(r'<tr><td><code>numpy\.(\w+)</code>', table))
-    assert rows == {f.__name__ for f in [*ufuncs, *functions, *adapters]}
-    assert {f.__name__ for f in nondiff} == set(re.findall(r'<code>numpy\.(\w+)</code>', rest))
-    assert not rows & {f.__name__ for f in nondiff}
+    functions = {g: ns for g, ns in supported.items() if g != 'method forms'}
+    rows = re.findall(r'<tr><td><code>(numpy\.[\w.]+)</code>', table)
+    assert rows == [n for ns in functions.values() for n in ns], "every supported function once, group by group"
+    assert re.findall(r'<h2 id="[\w-]+">([\w ]+)</h2>', table)[:len(supported)] == list(supported), "its groups, in its order"
+    for method in supported.get('method forms', []): assert f'<code>{method}</code>' in table, method
+    registered = set(P.UFUNC_PRIMITIVES) | set(P.FUNCTION_PRIMITIVES) | set(E._ADAPTERS)
+    plain = set(re.findall(r'<code>(numpy\.[\w.]+)</code>', rest))
+    assert plain == {f'numpy.{f.__name__}' for f in P.NONDIFFERENTIABLE - registered}
+    assert all(getattr(np, n.split('.')[-1]) in P.NONDIFFERENTIABLE for n in plain)
+    assert not plain & set(rows), "a function is either differentiated or run on plain values, never both"
 
 def test_benchmarks_page_shows_the_benchmarks_tables(site):
+    "bench/README.md, then the suite's table (bench/results.md) and its chart (bench/results.png)."
     page = (site / 'benchmarks.html').read_text()
-    assert '<table>' in page and 'fastad value_with_gradient' in text(page)
+    results = (ROOT / 'bench' / 'results.md').read_text()
+    header = next(l for l in results.splitlines() if l.startswith('| workload'))
+    cols = [c.strip() for c in header.strip('|').split('|')]
+    assert '<table>' in page and squeeze(''.join(f'<th>{html.escape(c)}</th>' for c in cols)) in squeeze(page), \
+        "results.md's main table, its header as the suite wrote it"
+    first_row = next(l for l in results.splitlines() if l.startswith('|') and not l.startswith(('| workload', '|---')))
+    assert squeeze(first_row.strip('|').split('|')[0]) in squeeze(text(page))
+    assert text(page).index('Benchmarks') < text(page).index('fastad benchmark results'), "the README first"
+    img = re.search(r'<img [^>]*src="([\w.-]+\.png)"', page)
+    assert img and (site / img.group(1)).read_bytes() == (ROOT / 'bench' / 'results.png').read_bytes(), "the chart"

@@ -4,9 +4,11 @@ Every notebook that nbs/sidebar.yml lists, in its order, rendered by nbconvert's
 outputs (nothing runs), with its cells treated as nbdev treats them for its Quarto site: `#| hide` and
 `#| export` cells left out, each exported name documented where it is defined, directives stripped from the
 code shown. Math becomes MathML, which browsers draw without any script, so the pages need nothing from the
-web. Beside the lessons: the index (the README's notebook and the contents in course order), an API reference
-of every public name of `fastad`, the table of NumPy functions fastad differentiates (read from its registry),
-and the benchmarks."""
+web. `#| code-fold` cells show their code folded under a summary, as Quarto does. Beside the lessons: the index
+(the README's notebook and the contents in course order), an API reference of every public name of `fastad`
+(grouped by module, in the sidebar's order of the notebooks making them), the NumPy functions fastad
+differentiates (`fastad.dispatch.supported_functions()`, by group), and the benchmarks (bench/README.md, then the
+suite's table and chart)."""
 import argparse, ast, html, importlib, inspect, re, shutil, sys, warnings
 from pathlib import Path
 
@@ -65,7 +67,8 @@ def exporter():
     c = Config()
     c.TagRemovePreprocessor.update(enabled=True, remove_cell_tags={'remove-cell'}, remove_input_tags={'remove-input'},
                                    remove_all_outputs_tags={'remove-output'})
-    return CourseExporter(config=c, template_name='basic', exclude_input_prompt=True, exclude_output_prompt=True)
+    return CourseExporter(config=c, template_name='basic', extra_template_paths=[str(ASSETS)],
+                          template_file='course.html.j2', exclude_input_prompt=True, exclude_output_prompt=True)
 
 # --- documentation of one name, as nbdev's show_doc gives it -----------------------------------------------
 def anchor(name): return name.lower()                           # nbdev's anchors, as fastad/_modidx.py links them
@@ -77,8 +80,11 @@ def doc_block(name, obj):
         sig = f"class {name}" + (f"({', '.join(bases)})" if bases else '')
     elif inspect.ismodule(obj): sig = f"module {obj.__name__}"
     else:
-        try: sig = f"{name}{inspect.signature(obj)}"
-        except (TypeError, ValueError): sig = name
+        try: sig = inspect.signature(obj)
+        except (TypeError, ValueError): sig = None
+        if sig is not None and '.' in name and inspect.isfunction(obj) and list(sig.parameters)[:1] == ['self']:
+            sig = sig.replace(parameters=list(sig.parameters.values())[1:])   # `Class.method(along)`, as nbdev shows it
+        sig = f"{name}{sig}" if sig is not None else name
     doc = inspect.getdoc(obj) if (inspect.isclass(obj) or callable(obj) or inspect.ismodule(obj)) else None
     return (f'<div class="doc" id="{anchor(name)}"><pre class="sig"><code>{html.escape(sig)}</code></pre>'
             f'{markdown(doc or "", exclude_anchor_links=True)}</div>')
@@ -140,7 +146,7 @@ def notebook_for_the_page(path):
         lines = c.source.splitlines()
         opts = {}
         while lines and _QUARTO_OPT.match(lines[0]):                 # Quarto's cell options, which nbdev leaves
-            k, v = _QUARTO_OPT.match(lines.pop(0)).groups(); opts[k] = v.lower()
+            k, v = _QUARTO_OPT.match(lines.pop(0)).groups(); opts[k] = v.strip('"\'')
         source = '\n'.join(lines).strip()
         shown = _SHOW_DOC.match(source)
         if shown:                                                    # show_doc(name): the name's documentation
@@ -149,10 +155,12 @@ def notebook_for_the_page(path):
             else: cells.append(nbformat.v4.new_markdown_cell(doc_block(shown.group(1), obj)))
             continue
         tags = [t for k, t in (('include', 'remove-cell'), ('echo', 'remove-input'), ('output', 'remove-output'))
-                if opts.get(k) == 'false']
+                if opts.get(k, '').lower() == 'false']
         if not source and not c.get('outputs'): continue
         cell = nbformat.v4.new_code_cell(source, outputs=[output(o) for o in c.get('outputs', [])])
         if tags: cell.metadata['tags'] = tags
+        if opts.get('code-fold', '').lower() in ('true', 'show'):       # folded under its summary, as Quarto shows it
+            cell.metadata['fold'] = {'summary': opts.get('code-summary', 'Code'), 'open': opts['code-fold'].lower() == 'show'}
         cells.append(cell)
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata['language_info'] = {'name': 'python', 'pygments_lexer': 'ipython3'}
@@ -197,17 +205,29 @@ def modidx():
     pages = {mod: next(iter(syms.values()))[0].split('#')[0] for mod, syms in d.items() if syms}
     return pages, {k: v[0] for syms in d.values() for k, v in syms.items()}
 
+def module_homes(order):
+    "fastad.module -> the notebook whose `default_exp` makes it, for the notebooks in the course (in its order)."
+    homes = {}
+    for stem in (s for _, stems in order for s in stems):
+        path = NBS / f'{stem}.ipynb'
+        if not path.exists(): continue
+        for mod in re.findall(r'#\s*\|\s*default_exp\s+([\w.]+)', path.read_text()): homes.setdefault(f'fastad.{mod}', stem)
+    return homes
+
 def api_reference(order, titles={}):
-    "HTML of the API reference: each public name's signature and docstring, grouped by the module defining it."
+    """HTML of the API reference: each public name's signature and docstring, grouped by the module defining it,
+    the modules in the order of the notebooks that make them (the sidebar's order)."""
     fastad = importlib.import_module('fastad')
     pages, links = modidx()
-    rank = {page_name(stem): i for i, stem in enumerate(s for _, stems in order for s in stems)}
+    rank = {stem: i for i, stem in enumerate(s for _, stems in order for s in stems)}
+    homes = module_homes(order)
+    pages.update({mod: f'{page_name(stem)}.html' for mod, stem in homes.items()})
     groups = {}
     for name in public_names():
         obj = getattr(fastad, name)
         mod = obj.__name__ if inspect.ismodule(obj) else getattr(obj, '__module__', 'fastad')
         groups.setdefault('modules' if inspect.ismodule(obj) else mod, []).append((name, obj))
-    def where(mod): return rank.get(Path(pages.get(mod, 'zz')).stem, len(rank))
+    def where(mod): return rank.get(homes.get(mod), len(rank))
     out = ['<h1>API reference</h1>', '<p class="lead">Every name that <code>import fastad</code> gives you, '
            'grouped by the module that defines it, in course order. Each links to the lesson that builds it.</p>']
     for mod in sorted(groups, key=lambda m: (m == 'modules', where(m), m)):
@@ -224,14 +244,36 @@ def api_reference(order, titles={}):
     return '\n'.join(out)
 
 # --- the NumPy functions fastad differentiates -------------------------------------------------------------
+def numpy_name(f):
+    "`numpy.add`, `numpy.linalg.norm`: a NumPy callable by its public name (as fastad.dispatch names it)."
+    module = getattr(f, '__module__', None) or 'numpy'
+    return f"{'numpy' if module.startswith('numpy._') else module}.{f.__name__}"
+
+def numpy_function(name):
+    "The NumPy callable that a public name such as `numpy.linalg.norm` names, or None."
+    parts = name.split('.')
+    for i in range(len(parts) - 1, 0, -1):                          # the longest importable module, then attributes
+        try: obj = importlib.import_module('.'.join(parts[:i]))
+        except ImportError: continue
+        try:
+            for part in parts[i:]: obj = getattr(obj, part)
+            return obj
+        except AttributeError: return None
+    return None
+
 def registry():
-    "(ufunc primitives, function primitives, adapters, nondifferentiable) from fastad's own tables."
-    P = importlib.import_module('fastad.primitives')
-    for name in ('fastad.dispatch', 'fastad.engine'):               # the adapters live beside the engine
-        try: adapters = importlib.import_module(name)._ADAPTERS; break
-        except (ImportError, AttributeError): continue
-    else: adapters = {}; problem("no _ADAPTERS in fastad.dispatch or fastad.engine")
-    return P.UFUNC_PRIMITIVES, P.FUNCTION_PRIMITIVES, adapters, P.NONDIFFERENTIABLE
+    """(supported, refused, nondifferentiable) from fastad's own tables: `fastad.dispatch.supported_functions()`
+    ({group: [names]}, the array methods last), the functions it recognises only to refuse with advice, and the
+    names it runs on plain values (NONDIFFERENTIABLE less any that a primitive or adapter differentiates, as the
+    engine looks those up first)."""
+    D, P = importlib.import_module('fastad.dispatch'), importlib.import_module('fastad.primitives')
+    import numpy as np
+    supported = D.supported_functions()
+    listed = {n for names in supported.values() for n in names}
+    registered = set(P.UFUNC_PRIMITIVES) | set(P.FUNCTION_PRIMITIVES) | (set(D._ADAPTERS) - {np.ufunc})
+    refused = sorted(n for n in map(numpy_name, registered) if n not in listed and n.startswith('numpy'))
+    plain = sorted(n for n in map(numpy_name, P.NONDIFFERENTIABLE - registered) if n not in listed)
+    return supported, refused, plain
 
 def vwc_html(vwc):
     "A VWC's code, the derivative beside the forward: shown whole when short, folded when long."
@@ -246,40 +288,81 @@ def highlight_python(code):
     from pygments.lexers import PythonLexer
     return highlight(code, PythonLexer(), HtmlFormatter())
 
+def slug(text): return re.sub(r'[^a-z0-9]+', '-', text.lower()).strip('-')
+
+def numpy_row(name, links, dispatch_page):
+    "One function's row: its name, how it reaches fastad, the primitive and that primitive's VWC."
+    import numpy as np
+    P, E = importlib.import_module('fastad.primitives'), importlib.import_module('fastad.engine')
+    f = numpy_function(name)
+    if f is None: problem(f"supported_functions() names {name}, which NumPy does not have"); return ''
+    ufunc = isinstance(f, np.ufunc)
+    prim = P.UFUNC_PRIMITIVES.get(f) if ufunc else P.FUNCTION_PRIMITIVES.get(f)
+    adapter = None if ufunc else E._ADAPTERS.get(f)                  # the engine asks the adapter first
+    vwc = getattr(prim, 'vwc', None)
+    link = links.get(f'{vwc.__module__}.{vwc.__name__}') if vwc else None
+    how = 'ufunc' if ufunc else ('adapter' if adapter else 'function')
+    prim_cell = (f'<a href="{link}"><code>{prim.name}</code></a>' if link else f'<code>{prim.name}</code>') if prim else ''
+    if adapter and not vwc:
+        derivative = f'<span class="from"><a href="{dispatch_page}">composed of primitives</a></span>'
+    else: derivative = vwc_html(vwc) if vwc else '<span class="from">a custom derivative</span>'
+    return f'<tr><td><code>{name}</code></td><td>{how}</td><td>{prim_cell}</td><td>{derivative}</td></tr>'
+
 def numpy_table():
-    "HTML of the table of NumPy functions with a derivative, and the list of those without one."
-    ufuncs, functions, adapters, nondiff = registry()
+    "HTML of the NumPy functions fastad differentiates, grouped as `supported_functions()` groups them, and those without."
+    supported, refused, plain = registry()
     _, links = modidx()
-    rows = {}
-    for f in [*ufuncs, *functions, *adapters]:
-        name = f'numpy.{f.__name__}'
-        prim = ufuncs.get(f) or functions.get(f)
-        vwc = getattr(prim, 'vwc', None)
-        link = links.get(f'fastad.primitives.{vwc.__name__}') if vwc else None
-        derivative = vwc_html(vwc) if vwc else '<span class="from">arguments mapped onto a primitive in the engine</span>'
-        how = 'ufunc' if f in ufuncs else ('function (adapter)' if f in adapters else 'function')
-        prim_cell = f'<a href="{link}"><code>{prim.name}</code></a>' if link else (f'<code>{prim.name}</code>' if prim else '')
-        rows.setdefault(name, (name, how, prim_cell, derivative))
-    body = '\n'.join(f'<tr><td><code>{n}</code></td><td>{h}</td><td>{p}</td><td>{d}</td></tr>' for n, h, p, d in
-                     sorted(rows.values()))
-    plain = sorted({f'numpy.{f.__name__}' for f in nondiff})
-    return (f'<h1>NumPy functions fastad differentiates</h1>\n<p class="lead">Inside <code>gradient</code> and the '
-            f'other transforms, these {len(rows)} NumPy functions take part in differentiation: a ufunc through '
-            f'<code>__array_ufunc__</code>, a function through <code>__array_function__</code> (an adapter maps '
-            f'its arguments onto a primitive). Each primitive links to its value-with-chain function. Made from '
-            f'<code>fastad.primitives</code>\' registry, so it is always the real list.</p>\n'
-            f'<table class="registry"><thead><tr><th>NumPy</th><th>kind</th><th>primitive</th><th>its VWC: the value and the chain</th></tr>'
-            f'</thead><tbody>\n{body}\n</tbody></table>\n<h2 id="nondifferentiable">Without a derivative</h2>\n'
-            f'<p>These {len(plain)} run on the plain values and give results that are constants: comparisons, '
-            f'rounding, shapes, indices. Differentiating through them gives no gradient, by design.</p>\n'
-            f'<p class="names">{", ".join(f"<code>{n}</code>" for n in plain)}</p>\n'
-            f'<p>Any other NumPy function meets a traced value with a <code>NoDerivativeError</code> naming it.</p>')
+    dispatch_page = f"{page_name('03b1_numpy_dispatch')}.html"
+    functions = {g: names for g, names in supported.items() if g != 'method forms'}
+    n = sum(map(len, functions.values()))
+    out = [f'<h1>NumPy functions fastad differentiates</h1>\n<p class="lead">Inside <code>gradient</code> and the '
+           f'other transforms, these {n} NumPy functions take part in differentiation: a ufunc through '
+           f'<code>__array_ufunc__</code>, a function through <code>__array_function__</code> (an adapter maps its '
+           f'arguments onto primitives). Each primitive links to its value-with-chain function. Made from '
+           f'<code>fastad.dispatch.supported_functions()</code>, which reads the registry, so it is always the real list.</p>',
+           '<p class="names">' + ' · '.join(f'<a href="#{slug(g)}">{html.escape(g)}</a>' for g in supported) + '</p>']
+    for group, names in functions.items():
+        rows = '\n'.join(numpy_row(name, links, dispatch_page) for name in names)
+        out.append(f'<h2 id="{slug(group)}">{html.escape(group)}</h2>\n<table class="registry"><thead><tr><th>NumPy</th>'
+                   f'<th>kind</th><th>primitive</th><th>its VWC: the value and the chain</th></tr></thead><tbody>\n'
+                   f'{rows}\n</tbody></table>')
+    if supported.get('method forms'):
+        out.append(f'<h2 id="{slug("method forms")}">method forms</h2>\n<p>A traced array has these methods and '
+                   f'attributes, each doing what the NumPy function of the same name does:</p>\n<p class="names">'
+                   + ', '.join(f'<code>{html.escape(m)}</code>' for m in supported['method forms']) + '</p>')
+    if refused:
+        out.append(f'<h2 id="refused">Refused, with advice</h2>\n<p>These write into an array in place, which cannot be '
+                   f'differentiated; on a traced value they raise a <code>DifferentiationError</code> that says what to '
+                   f'use instead: ' + ', '.join(f'<code>{n}</code>' for n in refused) + '.</p>')
+    out.append(f'<h2 id="nondifferentiable">Without a derivative</h2>\n<p>These {len(plain)} run on the plain values '
+               f'and give results that are constants: comparisons, rounding, shapes, indices. Differentiating through '
+               f'them gives no gradient, by design.</p>\n<p class="names">'
+               + ', '.join(f'<code>{n}</code>' for n in plain) + '</p>\n'
+               '<p>Any other NumPy function meets a traced value with a <code>NoDerivativeError</code> naming it.</p>')
+    return '\n'.join(out)
 
 # --- the benchmarks ----------------------------------------------------------------------------------------
+BENCH = ROOT / 'bench'
+
 def benchmarks():
-    "HTML of bench/README.md, then every other markdown file the benchmarks wrote (their latest tables), if any."
-    files = [ROOT / 'bench' / 'README.md'] + sorted(p for p in (ROOT / 'bench').glob('*.md') if p.name != 'README.md')
-    return '\n'.join(markdown(p.read_text(), anchor_link_text='#') for p in files if p.exists()) or None
+    """HTML of bench/README.md, then the suite's latest results (bench/results.md, its headings one level down) with
+    its chart (bench/results.png) after the main table, then any other markdown the benchmarks wrote; None if none."""
+    parts = []
+    if (BENCH / 'README.md').exists(): parts.append(markdown((BENCH / 'README.md').read_text(), anchor_link_text='#'))
+    for p in sorted(p for p in BENCH.glob('*.md') if p.name != 'README.md'):
+        text, chart = p.read_text(), p.with_suffix('.png')
+        if chart.exists():                                               # the chart after the first table's notes
+            img = f'\n![{p.stem}: the chart](bench-{chart.name})\n\n'
+            at = text.find('\n## ', max(text.find('\n|'), 0))
+            text = text + img if at < 0 else text[:at] + '\n' + img + text[at:]
+        text = re.sub(r'^(#+ )', r'#\1', text, flags=re.M)              # one h1 to a page: the README's
+        parts.append(markdown(text, anchor_link_text='#'))
+    return '\n'.join(parts) or None
+
+def bench_charts(out):
+    "Copy the benchmarks' charts beside the pages (as bench-results.png), so the site stays one folder."
+    for chart in BENCH.glob('*.png'):
+        if chart.with_suffix('.md').exists(): shutil.copyfile(chart, out / f'bench-{chart.name}')
 
 def contents_html(nav, pages):
     "The course's contents for the index page: each section's notebooks, in order, with their summaries."
@@ -326,11 +409,13 @@ def build(out=ROOT / '_site'):
         i = course.index(stem) if stem in course else None
         prev_, next_ = ((course[i - 1] if i else None), (course[i + 1] if i + 1 < len(course) else None)) if i is not None else (None, None)
         link = lambda s: s and {'href': f'{page_name(s)}.html', 'title': pages[s][0]}
+        body = re.sub(r'<table\b.*?</table>', lambda m: f'<div class="table-wrap">{m.group(0)}</div>', body, flags=re.S)
         html_ = page.render(title=title, body=body, nav=nav, current=stem, prev=link(prev_), next=link(next_),
                             site_title='fastad')
         dest = out / f'{page_name(stem)}.html'
         dest.write_text(re.sub(r'href="([\w.-]+\.ipynb(#[^"]*)?)"', lambda m: f'href="{page_url(m.group(1))}"', html_))
         written.append(dest)
+    bench_charts(out)
     css = (ASSETS / 'site.css').read_text() + '\n/* code colours: pygments */\n' + HtmlFormatter(style='default').get_style_defs('.highlight')
     (out / 'site.css').write_text(css)
     return written
