@@ -199,7 +199,7 @@ def write_chart(results, path):
                  fontsize=10)
     if peers: ax.legend(fontsize=8, loc='lower right')
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches='tight')     # long workload names on the left stay whole
     plt.close(fig)
 
 def _wrap(label, width=44):

@@ -740,5 +740,7 @@ def supported_functions():
     table['method forms'] = sorted(n for n in ('sum', 'mean', 'max', 'min', 'var', 'std', 'reshape', 'transpose', 'swapaxes',
                                                'squeeze', 'ravel', 'flatten', 'clip', 'dot', 'astype', 'copy', 'T', 'mT',
                                                *METHODS) if callable(getattr(Traced, n, None)) or isinstance(getattr(Traced, n, None), property))
-    table['method forms'] = [f"x.{n}" for n in table['method forms'] if METHODS.get(n) is None or 'refuse' not in METHODS[n].__name__]
+    plain = ('round', 'searchsorted')                  # methods that run, but give a result with no derivative
+    table['method forms'] = [f"x.{n}" for n in table['method forms'] if n not in plain and
+                             (METHODS.get(n) is None or 'refuse' not in METHODS[n].__name__)]
     return {g: sorted(names) for g, names in table.items() if names}

@@ -459,7 +459,7 @@ relu, logsumexp, log_softmax = relu_vwc.primitive, logsumexp_vwc.primitive, log_
 
 # %% ../nbs/03a_primitives.ipynb #a622fecd
 NONDIFFERENTIABLE = {
-    np.shape, np.ndim, np.size, np.result_type, np.zeros_like, np.ones_like, np.empty_like, np.full_like,
+    np.shape, np.ndim, np.size, np.result_type, np.zeros_like, np.ones_like, np.empty_like,
     np.argmax, np.argmin, np.argsort, np.isfinite, np.isnan, np.isinf, np.sign, np.floor, np.ceil, np.round,
     np.rint, np.trunc, np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal,
     np.logical_and, np.logical_or, np.logical_not, np.logical_xor, np.allclose, np.isclose, np.array_equal,
