@@ -86,7 +86,7 @@ def _shape_sweep(tape, seeds):
 
 def tape_of(f, *args):
     """Record `f(*args)` as fastad's transforms do and return its tape: a numbered program of inputs and primitives,
-    each with its parents, its shape, and the arrays its chain saved. (It runs the pullback once, to learn the shapes.)"""
+    each with its parents, its shape, and the arrays its chain saved (scalars left out). (It runs the pullback once, to learn the shapes.)"""
     name = getattr(f, '__name__', type(f).__name__)
     primals, rebuild = flatten(args, where='argument', arguments=True)
     trace = Trace()
@@ -104,7 +104,7 @@ def tape_of(f, *args):
         op, parents = entry
         arrays = []
         _arrays_in([chain for _, chain in parents], arrays, set())
-        saved_bytes += sum(a.nbytes for a in arrays if id(a) not in seen and id(a) not in inputs)
+        saved_bytes += sum(a.nbytes for a in arrays if np.ndim(a) and id(a) not in seen and id(a) not in inputs)
         seen.update(id(a) for a in arrays)
         entries.append(TapeEntry(i, op, [j for j, _ in parents], shapes.get(i),
                                  [(tuple(np.shape(a)), inputs.get(id(a))) for a in arrays]))
