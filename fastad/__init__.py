@@ -14,6 +14,7 @@ from .transforms import (gradient, value_with_gradient, pullback, value_with_pul
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from .layers import Layer, Dense, sequenced, mse, SGD
 from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy, applied_for_backpropagation
+from .drawing import draw, tape_of, Tape
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential)
-from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory
+from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory, drawing
