@@ -233,8 +233,10 @@ class Traced:
 
     def __array__(self, dtype=None, copy=None):
         if _stored_into_an_array(2): raise DifferentiationError(_IN_PLACE)
-        raise DifferentiationError("a traced array cannot become a plain NumPy array: its derivative would be "
-                                   "lost. Use NumPy operations on it, or without_derivative(x) to drop the derivative")
+        raise DifferentiationError("a traced array cannot become a plain NumPy array: its derivative would be lost. "
+                                   "Use NumPy operations on it (to build an array from traced values, np.array([x, y]) "
+                                   "cannot see them: use np.stack([x, y]) or np.concatenate), or without_derivative(x) "
+                                   "to drop the derivative")
 
     # arithmetic; a Python float or int takes the fast path (no ufunc dispatch, one parent)
     def __add__(self, o): return apply_scalar(_ADD, self, o, 0) if type(o) in _NUMBERS else apply(_ADD, (self, o))
