@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['Trace', 'apply', 'apply_scalar', 'backward', 'unbox', 'unbox_all', 'Traced', 'refresh_operators', 'is_traced',
-           'trace', 'PrimitiveLog', 'trace_primitives']
+           'full_collections_paused', 'trace', 'PrimitiveLog', 'trace_primitives']
 
 # %% ../nbs/03b_engine.ipynb #233f65a9
-import itertools, sys, threading
+import gc, itertools, sys, threading
 import numpy as np
 from collections import Counter
 from contextvars import ContextVar
@@ -62,7 +62,11 @@ def _refuse_complex(name, ans):
     dtype = getattr(ans, 'dtype', None)
     if (type(ans) is complex) if dtype is None else dtype.kind == 'c': raise _complex(name)
 
-def _shape(v): return () if type(v) in _NUMBERS else np.shape(v)    # np.shape(0.5) makes an array to ask
+def _shape(v):
+    "The shape of a value on the tape, without np.shape's cost for scalars (it makes an array to ask)."
+    if type(v) in _NUMBERS: return ()
+    shape = getattr(v, 'shape', None)             # arrays, and NumPy scalars such as np.float64(0.5)
+    return np.shape(v) if shape is None else shape
 
 def apply(prim, args, kwargs=_NO_KWARGS):
     "Run primitive `prim` on `args`, recording it on the innermost trace among them."
@@ -114,6 +118,11 @@ def _apply_two(prim, x, y, kwargs):
     if cx is None or cy is None:                      # a chain of None: that input gets no cotangent
         return _new(trace, ans, (prim.name, tuple((a.idx, c) for a, c in ((x, cx), (y, cy)) if c is not None)))
     return _new(trace, ans, (prim.name, ((x.idx, cx), (y.idx, cy))))
+
+def _apply_pair(prim, x, y):
+    "`apply(prim, (x, y))` for an operator (`x * y`): straight to `_apply_two` when both are on one trace."
+    if type(x) is Traced and type(y) is Traced and x.trace is y.trace: return _apply_two(prim, x, y, _NO_KWARGS)
+    return apply(prim, (x, y))
 
 def apply_scalar(prim, x, c, reflected):
     "`x op c` (or `c op x` when `reflected`) for a Python float or int `c`: no broadcasting, one parent."
@@ -239,18 +248,18 @@ class Traced:
                                    "to drop the derivative")
 
     # arithmetic; a Python float or int takes the fast path (no ufunc dispatch, one parent)
-    def __add__(self, o): return apply_scalar(_ADD, self, o, 0) if type(o) in _NUMBERS else apply(_ADD, (self, o))
-    def __radd__(self, o): return apply_scalar(_ADD, self, o, 1) if type(o) in _NUMBERS else apply(_ADD, (o, self))
-    def __sub__(self, o): return apply_scalar(_SUB, self, o, 0) if type(o) in _NUMBERS else apply(_SUB, (self, o))
-    def __rsub__(self, o): return apply_scalar(_SUB, self, o, 1) if type(o) in _NUMBERS else apply(_SUB, (o, self))
-    def __mul__(self, o): return apply_scalar(_MUL, self, o, 0) if type(o) in _NUMBERS else apply(_MUL, (self, o))
-    def __rmul__(self, o): return apply_scalar(_MUL, self, o, 1) if type(o) in _NUMBERS else apply(_MUL, (o, self))
-    def __truediv__(self, o): return apply_scalar(_DIV, self, o, 0) if type(o) in _NUMBERS else apply(_DIV, (self, o))
-    def __rtruediv__(self, o): return apply_scalar(_DIV, self, o, 1) if type(o) in _NUMBERS else apply(_DIV, (o, self))
-    def __pow__(self, o): return apply_scalar(_POW, self, o, 0) if type(o) in _NUMBERS else apply(_POW, (self, o))
-    def __rpow__(self, o): return apply_scalar(_POW, self, o, 1) if type(o) in _NUMBERS else apply(_POW, (o, self))
-    def __matmul__(self, o): return apply(_MATMUL, (self, o))
-    def __rmatmul__(self, o): return apply(_MATMUL, (o, self))
+    def __add__(self, o): return apply_scalar(_ADD, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_ADD, self, o)
+    def __radd__(self, o): return apply_scalar(_ADD, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_ADD, o, self)
+    def __sub__(self, o): return apply_scalar(_SUB, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_SUB, self, o)
+    def __rsub__(self, o): return apply_scalar(_SUB, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_SUB, o, self)
+    def __mul__(self, o): return apply_scalar(_MUL, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_MUL, self, o)
+    def __rmul__(self, o): return apply_scalar(_MUL, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_MUL, o, self)
+    def __truediv__(self, o): return apply_scalar(_DIV, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_DIV, self, o)
+    def __rtruediv__(self, o): return apply_scalar(_DIV, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_DIV, o, self)
+    def __pow__(self, o): return apply_scalar(_POW, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_POW, self, o)
+    def __rpow__(self, o): return apply_scalar(_POW, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_POW, o, self)
+    def __matmul__(self, o): return _apply_pair(_MATMUL, self, o)
+    def __rmatmul__(self, o): return _apply_pair(_MATMUL, o, self)
     def __neg__(self): return apply(_NEG, (self,))
     def __mod__(self, o): return apply(_MOD, (self, o))
     def __rmod__(self, o): return apply(_MOD, (o, self))
@@ -341,6 +350,29 @@ def _attr(t, name, fallback):
 def is_traced(x):
     "Is `x` a value being differentiated?"
     return type(x) is Traced
+
+# %% ../nbs/03b_engine.ipynb #e8ba8422
+_PAUSED = 1 << 30                 # the oldest generation's threshold while a tape is in use: never reached
+_collector_lock = threading.Lock()
+_collector_users, _collector_saved = 0, None
+
+class full_collections_paused:
+    "Context manager: the collector's full collections wait while a tape is recorded or swept; young ones still run."
+    def __enter__(self):
+        global _collector_users, _collector_saved
+        with _collector_lock:
+            if _collector_users == 0:
+                t0, t1, _collector_saved = gc.get_threshold()
+                gc.set_threshold(t0, t1, _PAUSED)
+            _collector_users += 1
+        return self
+    def __exit__(self, *exc):
+        global _collector_users
+        with _collector_lock:
+            _collector_users -= 1
+            if _collector_users == 0:
+                t0, t1, t2 = gc.get_threshold()
+                if t2 == _PAUSED: gc.set_threshold(t0, t1, _collector_saved)   # else the user's own setting stands
 
 # %% ../nbs/03b_engine.ipynb #162b3cc0
 def trace():

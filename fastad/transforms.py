@@ -13,7 +13,7 @@ import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
 from . import engine
-from .engine import Trace, Traced, apply, backward, unbox
+from .engine import Trace, Traced, apply, backward, unbox, full_collections_paused
 from .errors import DifferentiationError, NonScalarOutputError
 from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, items, map_structure, _describe
 
@@ -64,8 +64,9 @@ def _value_with_pullback(f, args, once=False):
     if not args: raise DifferentiationError(f"value_with_pullback: no arguments given to differentiate {_name(f)} at")
     primals, rebuild = flatten(args, where=f'argument', arguments=True)
     trace = Trace()
-    try: out = f(*rebuild([trace.new_input(p) for p in primals]))
-    finally: trace.active = False
+    with full_collections_paused():                   # see the engine: the collector would walk the growing tape
+        try: out = f(*rebuild([trace.new_input(p) for p in primals]))
+        finally: trace.active = False
     outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
     value = rebuild_out([unbox(o, trace) for o in outs])
     mine = [o if type(o) is Traced and o.trace is trace else None for o in outs]
@@ -84,7 +85,7 @@ def _value_with_pullback(f, args, once=False):
                                            f"the result has shape {np.shape(o.value)}")
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
-        cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+        with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
         grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)])
         return grads[0] if len(args) == 1 else grads
@@ -110,8 +111,9 @@ def _seed(value, f):
 def value_with_gradient(f, *args):
     """`(f(*args), gradient)` for a function `f` with a scalar result; one gradient per argument (a tuple
     when there are several), each shaped like its argument."""
-    value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
-    return value, pb(_seed(value, f))
+    with full_collections_paused():                   # one pause over both passes: no full collection in between
+        value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
+        return value, pb(_seed(value, f))
 
 def gradient(f, *args):
     """The gradient of scalar function `f` at `args` (a tuple when there are several arguments).

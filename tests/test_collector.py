@@ -1,0 +1,92 @@
+"""The engine holds the collector's full collections back while a tape is recorded or swept, and puts the
+settings back afterwards: after errors, nested transforms, several threads, and changes the user made meanwhile."""
+import gc, threading
+import numpy as np
+import pytest
+import fastad as fd
+from fastad.engine import full_collections_paused, _PAUSED
+
+@pytest.fixture(autouse=True)
+def collector_settings():
+    before = gc.get_threshold()
+    yield before
+    gc.set_threshold(*before)
+
+def test_paused_while_recording_and_sweeping_then_restored(collector_settings):
+    seen = []
+    def f(x):
+        seen.append(gc.get_threshold())
+        return np.sin(x) * 2.0
+    fd.value_with_gradient(f, 0.3)
+    t0, t1, _ = collector_settings
+    assert seen == [(t0, t1, _PAUSED)]            # young collections keep their thresholds
+    assert gc.get_threshold() == collector_settings
+    assert gc.isenabled()
+
+def test_a_later_pullback_pauses_its_sweep():
+    seen = []
+    def cube_vjp(x):
+        def pullback(g):
+            seen.append(gc.get_threshold()[2])
+            return 3 * x ** 2 * g
+        return x ** 3, pullback
+    cube = fd.differentiable_function(cube_vjp, name='cube')
+    value, pb = fd.value_with_pullback(cube, 2.0)
+    assert gc.get_threshold()[2] != _PAUSED        # between the passes, the collector is as it was
+    assert pb(1.0) == pytest.approx(12.0)
+    assert seen == [_PAUSED]
+
+def test_restored_after_an_error_in_the_function(collector_settings):
+    def f(x): raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"): fd.gradient(f, 1.0)
+    assert gc.get_threshold() == collector_settings
+
+def test_nested_transforms_restore_once_at_the_outermost(collector_settings):
+    inner = []
+    def f(x):
+        g = fd.gradient(lambda y: y ** 3, x)
+        inner.append(gc.get_threshold()[2])       # still paused after the inner transform returned
+        return g
+    assert fd.gradient(f, 2.0) == pytest.approx(12.0)
+    assert inner == [_PAUSED]
+    assert gc.get_threshold() == collector_settings
+
+def test_the_users_own_change_stands(collector_settings):
+    def f(x):
+        gc.set_threshold(500, 5, 7)               # the user's code tunes the collector in the middle
+        return x * x
+    fd.gradient(f, 1.0)
+    assert gc.get_threshold() == (500, 5, 7)
+
+def test_many_threads_leave_the_settings_as_they_found_them(collector_settings):
+    errors = []
+    def work():
+        try:
+            for _ in range(200): fd.gradient(lambda x: np.tanh(x).sum(), np.ones(3))
+        except Exception as e: errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert not errors
+    assert gc.get_threshold() == collector_settings
+
+def test_the_context_manager_alone_nests():
+    before = gc.get_threshold()
+    with full_collections_paused():
+        with full_collections_paused(): assert gc.get_threshold()[2] == _PAUSED
+        assert gc.get_threshold()[2] == _PAUSED
+    assert gc.get_threshold() == before
+
+def test_young_garbage_is_still_collected_while_recording():
+    import weakref
+    class Node: pass
+    refs = []
+    def f(x):
+        a, b = Node(), Node()
+        a.other, b.other = b, a                   # a cycle, dropped at once
+        refs.append(weakref.ref(a))
+        del a, b
+        gc.collect(0)                             # a young collection, as the allocator would run
+        return x * 2.0
+    fd.gradient(f, 1.0)
+    assert refs[0]() is None
