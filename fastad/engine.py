@@ -71,16 +71,7 @@ def _shape(v):
 def apply(prim, args, kwargs=_NO_KWARGS):
     "Run primitive `prim` on `args`, recording it on the innermost trace among them."
     x = args[0]
-    if prim.unary and type(x) is Traced and len(args) == 1:   # one input, and it is traced
-        trace = x.trace
-        if not trace.active: raise _finished()
-        ans, chain = prim.vwc(x.value, **kwargs) if kwargs else prim.vwc(x.value)
-        if _logging: _record('forward', prim.name)
-        t = Traced.__new__(Traced)                    # _new, inlined: this is the engine's hottest path
-        tape = trace.tape
-        t.value, t.trace, t.idx = ans, trace, len(tape)
-        tape.append((prim.name, ((x.idx, chain),)))
-        return t
+    if prim.unary and type(x) is Traced and len(args) == 1: return _apply_one(prim, x, kwargs)
     if len(args) == 2 and not prim.unary and type(x) is Traced and type(args[1]) is Traced and x.trace is args[1].trace:
         return _apply_two(prim, x, args[1], kwargs)   # both operands of one trace: `x * y`
     top = None
@@ -103,8 +94,22 @@ def apply(prim, args, kwargs=_NO_KWARGS):
     if _logging: _record('forward', prim.name)
     return _new(top, ans, (prim.name, parents))
 
-def _apply_two(prim, x, y, kwargs):
-    "`apply` for two operands of one trace: the same steps as the general path, unrolled."
+def _apply_one(prim, x, kwargs):
+    "`apply` for one traced input: the engine's hottest path (`np.sin(x)`, `x.sum(axis=0)`)."
+    trace = x.trace
+    if not trace.active: raise _finished()
+    ans, chain = prim.vwc(x.value, **kwargs) if kwargs else prim.vwc(x.value)
+    if _logging: _record('forward', prim.name)
+    t = Traced.__new__(Traced)                        # _new, inlined
+    tape = trace.tape
+    t.value, t.trace, t.idx = ans, trace, len(tape)
+    tape.append((prim.name, ((x.idx, chain),)))
+    return t
+
+def _apply_two(prim, x, y, kwargs=_NO_KWARGS):
+    """`apply` for two operands of one trace (`x * y`): the same steps as the general path, unrolled.
+    The operators call it directly; anything else (a constant, two traces) goes to `apply`."""
+    if type(x) is not Traced or type(y) is not Traced or x.trace is not y.trace: return apply(prim, (x, y), kwargs)
     trace = x.trace
     if not trace.active: raise _finished()
     ans, (cx, cy) = prim.vwc(x.value, y.value, **kwargs) if kwargs else prim.vwc(x.value, y.value)
@@ -117,12 +122,11 @@ def _apply_two(prim, x, y, kwargs):
     if _logging: _record('forward', prim.name)
     if cx is None or cy is None:                      # a chain of None: that input gets no cotangent
         return _new(trace, ans, (prim.name, tuple((a.idx, c) for a, c in ((x, cx), (y, cy)) if c is not None)))
-    return _new(trace, ans, (prim.name, ((x.idx, cx), (y.idx, cy))))
-
-def _apply_pair(prim, x, y):
-    "`apply(prim, (x, y))` for an operator (`x * y`): straight to `_apply_two` when both are on one trace."
-    if type(x) is Traced and type(y) is Traced and x.trace is y.trace: return _apply_two(prim, x, y, _NO_KWARGS)
-    return apply(prim, (x, y))
+    t = Traced.__new__(Traced)                        # _new, inlined
+    tape = trace.tape
+    t.value, t.trace, t.idx = ans, trace, len(tape)
+    tape.append((prim.name, ((x.idx, cx), (y.idx, cy))))
+    return t
 
 def apply_scalar(prim, x, c, reflected):
     "`x op c` (or `c op x` when `reflected`) for a Python float or int `c`: no broadcasting, one parent."
@@ -220,7 +224,7 @@ class Traced:
             prim = UFUNC_PRIMITIVES.get(ufunc)
             if prim is not None:
                 if type(prim) is not Primitive: return prim(*inputs, **kwargs)   # a custom derivative binds its own arguments
-                if not kwargs: return apply(prim, inputs)
+                if not kwargs: return _apply_one(prim, self, kwargs) if prim.unary else apply(prim, inputs)
                 return _ADAPTERS[np.ufunc](ufunc, prim, inputs, kwargs)
             if ufunc in NONDIFFERENTIABLE: return ufunc(*unbox_all(inputs), **unbox_all(kwargs))
         elif method == 'reduce' and ufunc in _REDUCE_UFUNCS:
@@ -248,18 +252,18 @@ class Traced:
                                    "to drop the derivative")
 
     # arithmetic; a Python float or int takes the fast path (no ufunc dispatch, one parent)
-    def __add__(self, o): return apply_scalar(_ADD, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_ADD, self, o)
-    def __radd__(self, o): return apply_scalar(_ADD, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_ADD, o, self)
-    def __sub__(self, o): return apply_scalar(_SUB, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_SUB, self, o)
-    def __rsub__(self, o): return apply_scalar(_SUB, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_SUB, o, self)
-    def __mul__(self, o): return apply_scalar(_MUL, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_MUL, self, o)
-    def __rmul__(self, o): return apply_scalar(_MUL, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_MUL, o, self)
-    def __truediv__(self, o): return apply_scalar(_DIV, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_DIV, self, o)
-    def __rtruediv__(self, o): return apply_scalar(_DIV, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_DIV, o, self)
-    def __pow__(self, o): return apply_scalar(_POW, self, o, 0) if type(o) in _NUMBERS else _apply_pair(_POW, self, o)
-    def __rpow__(self, o): return apply_scalar(_POW, self, o, 1) if type(o) in _NUMBERS else _apply_pair(_POW, o, self)
-    def __matmul__(self, o): return _apply_pair(_MATMUL, self, o)
-    def __rmatmul__(self, o): return _apply_pair(_MATMUL, o, self)
+    def __add__(self, o): return apply_scalar(_ADD, self, o, 0) if type(o) in _NUMBERS else _apply_two(_ADD, self, o)
+    def __radd__(self, o): return apply_scalar(_ADD, self, o, 1) if type(o) in _NUMBERS else _apply_two(_ADD, o, self)
+    def __sub__(self, o): return apply_scalar(_SUB, self, o, 0) if type(o) in _NUMBERS else _apply_two(_SUB, self, o)
+    def __rsub__(self, o): return apply_scalar(_SUB, self, o, 1) if type(o) in _NUMBERS else _apply_two(_SUB, o, self)
+    def __mul__(self, o): return apply_scalar(_MUL, self, o, 0) if type(o) in _NUMBERS else _apply_two(_MUL, self, o)
+    def __rmul__(self, o): return apply_scalar(_MUL, self, o, 1) if type(o) in _NUMBERS else _apply_two(_MUL, o, self)
+    def __truediv__(self, o): return apply_scalar(_DIV, self, o, 0) if type(o) in _NUMBERS else _apply_two(_DIV, self, o)
+    def __rtruediv__(self, o): return apply_scalar(_DIV, self, o, 1) if type(o) in _NUMBERS else _apply_two(_DIV, o, self)
+    def __pow__(self, o): return apply_scalar(_POW, self, o, 0) if type(o) in _NUMBERS else _apply_two(_POW, self, o)
+    def __rpow__(self, o): return apply_scalar(_POW, self, o, 1) if type(o) in _NUMBERS else _apply_two(_POW, o, self)
+    def __matmul__(self, o): return _apply_two(_MATMUL, self, o)
+    def __rmatmul__(self, o): return _apply_two(_MATMUL, o, self)
     def __neg__(self): return apply(_NEG, (self,))
     def __mod__(self, o): return apply(_MOD, (self, o))
     def __rmod__(self, o): return apply(_MOD, (o, self))
