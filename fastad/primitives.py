@@ -118,21 +118,26 @@ def _half(like):
     dtype = np.result_type(like)
     return dtype.type(0.5) if dtype.kind == 'f' else 0.5
 
+def _choice_chains(wins, ties, ans):
+    """The chains of an elementwise choice between x and y: the cotangent goes to x where `wins`, to y where
+    not, and half to each where `ties`. Without a tie, as almost always, one mask serves both chains."""
+    wins = as_mask(wins, ans)
+    if not np.any(ties): return (lambda g: g * wins), (lambda g: g * ~wins)
+    twice = np.add(wins, wins | as_mask(ties, ans), dtype=np.int8)   # twice x's share: 2 where x wins, 1 at a tie
+    half = _half(ans)
+    return (lambda g: g * twice * half), (lambda g: g * (2 - twice) * half)
+
 @defvwc(np.maximum, broadcasts=True)
 def maximum_vwc(x, y):
     "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
     ans = np.maximum(x, y)
-    twice = np.add(x >= y, x > y, dtype=np.int8)      # twice x's share: 2 where x wins, 1 at a tie; one byte each
-    half = _half(ans)
-    return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
+    return ans, _choice_chains(x > y, x == y, ans)
 
 @defvwc(np.minimum, broadcasts=True)
 def minimum_vwc(x, y):
     "Elementwise minimum; a tie splits the cotangent ½/½ between x and y."
     ans = np.minimum(x, y)
-    twice = np.add(x <= y, x < y, dtype=np.int8)
-    half = _half(ans)
-    return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
+    return ans, _choice_chains(x < y, x == y, ans)
 
 # %% ../nbs/03a_primitives.ipynb #d9c54603
 @defvwc(np.exp, unary=True)
@@ -201,6 +206,10 @@ def _module_under(x):
     while hasattr(type(x), '__fastad_primitive__'): x = x.value
     return array_module(x)
 
+def _product(a, b):
+    "`a @ b` for (stacks of) matrices; with an inner dimension of 1, an outer product, by broadcasting: BLAS is slower at it."
+    return a * b if np.shape(a)[-1] == 1 else np.matmul(a, b)
+
 @defvwc(np.matmul)
 def matmul_vwc(x, y):
     "x @ y (vectors, matrices, stacks): g @ yᵀ for x, xᵀ @ g for y."
@@ -210,11 +219,11 @@ def matmul_vwc(x, y):
     def dx(g):
         if np.ndim(y) == 1: return g * y if np.ndim(x) == 1 else g[..., None] * y
         if np.ndim(x) == 1: return unbroadcast(np.matmul(y, g[..., None])[..., 0], np.shape(x))
-        return unbroadcast(np.matmul(g, np.swapaxes(y, -1, -2)), np.shape(x))
+        return unbroadcast(_product(g, np.swapaxes(y, -1, -2)), np.shape(x))
     def dy(g):
         if np.ndim(x) == 1: return g * x if np.ndim(y) == 1 else x[:, None] * g[..., None, :]
         if np.ndim(y) == 1: return unbroadcast(np.matmul(np.swapaxes(x, -1, -2), g[..., None])[..., 0], np.shape(y))
-        return unbroadcast(np.matmul(np.swapaxes(x, -1, -2), g), np.shape(y))
+        return unbroadcast(_product(np.swapaxes(x, -1, -2), g), np.shape(y))
     return np.matmul(x, y), (dx, dy)
 
 @defvwc(np.dot)
