@@ -3,7 +3,7 @@
 Each library runs in a fresh process of its own, all with the same thread count; rounds are interleaved (every
 round asks every process once, in an order that rotates); each figure is a median (minimum beside it), each ratio
 fastad / peer the median of the ratios within a round. Results go to bench/results.md and bench/results.png."""
-import argparse, json, os, subprocess, sys, tempfile, time
+import argparse, math, json, os, subprocess, sys, tempfile, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -125,8 +125,9 @@ def check_all(workload, workers, entries, tmp, out):
                 workers.pop(name).close()
                 break
 
-def time_rounds(module, workers, entries, rounds, gap, target, out):
-    "Interleaved rounds: each round asks every process for each case once, in an order that rotates."
+def time_rounds(module, workers, entries, rounds, gap, target, out, share=1.0):
+    """Interleaved rounds: each round asks every process for each case once, in an order that rotates. `share`: the
+    part of the workload's rounds these processes run (a long case's fewer rounds are shared out the same way)."""
     names = list(workers)
     cases = list(dict.fromkeys(c for w in workers.values() for c in w.hello['cases']))
     calls = {}
@@ -136,15 +137,33 @@ def time_rounds(module, workers, entries, rounds, gap, target, out):
             if one < 0.1: one = min(one, w.ask(cmd='time', case=case, calls=1)['seconds'][0])
             calls[name, case] = max(1, min(200, int(target / max(one, 1e-9))))
     rounds_for = getattr(module, 'rounds_for', lambda case, rounds: rounds)
+    total = round(rounds / share)
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for case in cases:
             for name in order:
-                if case not in workers[name].hello['cases'] or r >= rounds_for(case, rounds): continue
+                if case not in workers[name].hello['cases'] or r >= math.ceil(rounds_for(case, total) * share): continue
                 if gap: time.sleep(gap)
                 seconds = workers[name].ask(cmd='time', case=case, calls=calls[name, case])['seconds']
                 entries[name].rounds.setdefault(case, []).append(float(np.median(seconds)))
                 entries[name].calls.setdefault(case, []).extend(seconds)
+
+def probe(module, workers, entries):
+    "Each process's GEMM speed (the best of the probes of all its processes is kept)."
+    for name, w in workers.items():
+        if gap := getattr(module, 'GAP', 0): time.sleep(gap)
+        gflops = w.ask(cmd='probe')['gflops']
+        entries[name].gflops = gflops if entries[name].gflops is None else max(entries[name].gflops, gflops)
+
+def restart_workers(workload, workers, size, env, entries):
+    """A fresh process for every contender still running. One process can be a few per cent faster or slower than
+    another running the same code (where its memory landed), which would bias a comparison timed in one process
+    each; the timed rounds are shared among several generations of processes, so that bias averages out."""
+    fresh = {}
+    for name in workers:
+        try: fresh[name] = Worker(workload, name, size, env)
+        except WorkerDied as e: entries[name].status, entries[name].reason = 'failed', str(e)
+    return fresh
 
 def paired_ratio(a, b):
     "Median over rounds of a/b, each round's pair measured back to back."
@@ -161,9 +180,7 @@ def run_workload(workload, args, env, tmp, out):
     workers, entries = start_workers(workload, names, size, env, out)
     try:
         check_all(workload, workers, entries, tmp, out)
-        for name, w in workers.items():
-            if gap := getattr(module, 'GAP', 0): time.sleep(gap)
-            entries[name].gflops = w.ask(cmd='probe')['gflops']
+        probe(module, workers, entries)
         if kind.startswith('memory'):
             for name, w in workers.items():
                 # tracemalloc sees NumPy's arrays only: not PyTorch's or XLA's, nor anything in checkpointing's rows
@@ -172,8 +189,15 @@ def run_workload(workload, args, env, tmp, out):
                     entries[name].memory[case] = w.ask(cmd='memory', case=case, methods=methods)['memory']
         if kind != 'memory' and workers:
             rounds = args.rounds or (getattr(module, 'ROUNDS', 15) if not args.quick else 2)
-            time_rounds(module, workers, entries, rounds, 0 if args.quick else getattr(module, 'GAP', 0.1),
-                        0.02 if args.quick else getattr(module, 'TARGET', 0.05), out)
+            generations = 1 if args.quick else max(1, min(args.processes, rounds))
+            for g in range(generations):              # fresh processes for each share of the rounds: see below
+                if g:
+                    for w in workers.values(): w.close()
+                    workers = restart_workers(workload, workers, size, env, entries)
+                    probe(module, workers, entries)
+                share = rounds // generations + (g < rounds % generations)
+                time_rounds(module, workers, entries, share, 0 if args.quick else getattr(module, 'GAP', 0.1),
+                            0.02 if args.quick else getattr(module, 'TARGET', 0.05), out, share / rounds)
     finally:
         for w in workers.values(): w.close()
     wl = {'workload': workload, 'title': module.TITLE.format(**size), 'size': size, 'unit': module.UNIT,
@@ -189,6 +213,7 @@ def main(argv=None):
     p.add_argument('--only', default=','.join(WORKLOADS), help=f"comma-separated workloads (default: all of {', '.join(WORKLOADS)})")
     p.add_argument('--libraries', default='fastad,' + ','.join(PEERS), help='comma-separated libraries (default: all)')
     p.add_argument('--rounds', type=int, default=None, help='interleaved rounds (default: 15, fewer for long cases; 2 with --quick)')
+    p.add_argument('--processes', type=int, default=3, help='fresh processes per contender, one after another, that share the rounds (default: 3)')
     p.add_argument('--threads', type=int, default=1, help='threads for every library (default: 1, see bench/README.md)')
     p.add_argument('--out', default=str(ROOT / 'bench'), help='folder for results.md and results.png (default: bench/)')
     p.add_argument('--json', default=None, help='also write every figure to this JSON file')
