@@ -16,7 +16,7 @@ from .errors import ArgumentError, ShapeError
 from .layers import Layer
 from .primitives import defvwc
 from .transforms import value_with_pullback
-from .tree import nondifferentiable
+from .tree import nondifferentiable, stores_its_fields
 
 # %% ../nbs/05a_cnn_layers.ipynb #5cccd779
 def windows(x, size, strides=(1, 1)):
@@ -200,6 +200,7 @@ def _filter_shape(shape):
                             f"out channels), got {shape!r}")
     return tuple(int(v) for v in shape)
 
+@stores_its_fields                                    # given its fields, __init__ only checks them
 class Conv2D(Layer):
     "A 2-D convolution layer, `activation(conv2d(x, filter) + bias)`, on NHWC input with an HWIO filter."
     filter: object
@@ -239,6 +240,7 @@ class Conv2D(Layer):
         return (f"Conv2D(filter {np.shape(self.filter)}, strides={self.strides}, padding={self.padding!r}, "
                 f"activation={getattr(self.activation, '__name__', self.activation)})")
 
+@stores_its_fields                                    # __post_init__ only checks and normalizes
 class MaxPool2D(Layer):
     "Max pooling: the largest value of each `pool_size` window of NHWC input, windows `strides` apart."
     pool_size: tuple = nondifferentiable((2, 2))
