@@ -100,10 +100,13 @@ def _conv_setup(op, x, filter, strides, padding):
     return strides, tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (kh, kw), strides))
 
 @defvwc(name='conv2d')
-def conv2d_vwc(x, filter, *, strides=(1, 1), padding='valid'):
-    "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`."
+def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
+    "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
     strides, amounts = _conv_setup('conv2d', x, filter, strides, padding)
     kh, kw, c, o = filter.shape
+    if bias is not None and np.shape(bias) != (o,):
+        raise ShapeError(f"conv2d: bias must have shape ({o},), one per output channel of the filter {filter.shape}; "
+                         f"got {np.shape(bias)}")
     def dx(g):
         n, oh, ow, _ = g.shape
         (top, bottom), (left, right) = amounts
@@ -115,7 +118,11 @@ def conv2d_vwc(x, filter, *, strides=(1, 1), padding='valid'):
     def dfilter(g):
         rows = _window_rows(_pad(x, amounts), (kh, kw), strides)     # rebuilt: cheaper to hold x than the rows
         return (rows.T @ g.reshape(-1, o)).reshape(kh, kw, c, o)
-    return _correlate(_pad(x, amounts), filter, strides), (dx, dfilter)
+    def dbias(g):                                       # summed over every pixel of every image, as a product with
+        g = g.reshape(-1, o)                            # ones: BLAS adds up short rows many times faster than sum(0)
+        return array_module(g).ones(g.shape[0], dtype=g.dtype) @ g
+    y = _correlate(_pad(x, amounts), filter, strides)
+    return (y, (dx, dfilter)) if bias is None else (y + bias, (dx, dfilter, dbias))
 
 conv2d = conv2d_vwc.primitive
 
@@ -124,26 +131,30 @@ conv2d = conv2d_vwc.primitive
 def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
     "The largest value of each `pool_size` window of NHWC `x`, windows `strides` apart."
     op = 'max_pool2d'
-    (ph, pw), strides, padding = _pair(op, 'pool_size', pool_size), _pair(op, 'strides', strides), _padding(op, padding)
+    (ph, pw), (sh, sw), padding = _pair(op, 'pool_size', pool_size), _pair(op, 'strides', strides), _padding(op, padding)
     shape = np.shape(x)
     _check_nhwc(op, shape)
-    amounts = tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (ph, pw), strides))
-    w = windows(_pad(x, amounts, -np.inf), (ph, pw), strides).transpose(0, 1, 2, 4, 5, 3)   # (n, oh, ow, ph, pw, c)
-    n, oh, ow, c = *w.shape[:3], w.shape[5]
-    flat = w.reshape(n, oh, ow, ph * pw, c)             # channels innermost, as in x: a fast copy
-    winner = flat.argmax(3)                             # (n, oh, ow, c): where in its window the maximum was
-    y = functools.reduce(np.maximum, [flat[:, :, :, k] for k in range(ph * pw)])   # faster than max over a short axis
-    winner = winner.astype(np.uint8 if ph * pw <= 256 else np.int32)   # saved small: a byte per output
+    amounts = tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (ph, pw), (sh, sw)))
+    padded = _pad(x, amounts, -np.inf)
+    padded_shape = padded.shape
+    oh, ow = (padded_shape[1] - ph) // sh + 1, (padded_shape[2] - pw) // sw + 1
+    def at(k):                                          # the pixel at position k (row by row) of every window
+        i, j = divmod(k, pw)
+        return slice(None), slice(i, i + oh * sh, sh), slice(j, j + ow * sw, sw)
+    y = padded[at(0)].copy()                            # (n, oh, ow, c): the best so far, and where it was
+    winner = array_module(x).zeros(y.shape, dtype=np.uint8 if ph * pw <= 256 else np.int32)   # saved small: a byte per output
+    for k in range(1, ph * pw):
+        candidate = padded[at(k)].copy()                # a contiguous copy: the comparisons run several times faster
+        better = candidate > y                          # strictly: a tie stays with the earlier position, as argmax
+        y = np.maximum(y, candidate)
+        winner = np.maximum(winner, better * winner.dtype.type(k))    # k only grows: where it wins, it is the largest
     def chain(g):
-        xp = array_module(g)
+        dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
+        for k in range(ph * pw):                        # position k of every window at once: a strided slice of dx
+            if sh >= ph and sw >= pw: dx[at(k)] = (winner == k) * g     # windows apart: a pixel is in one at most
+            else: dx[at(k)] += (winner == k) * g                        # overlapping windows: a pixel's wins add up
         (top, _), (left, _) = amounts
-        rows = (xp.arange(oh) * strides[0])[:, None, None] + winner // pw - top    # the winner's pixel in x
-        cols = (xp.arange(ow) * strides[1])[:, None] + winner % pw - left
-        dx = xp.zeros(shape, dtype=g.dtype)
-        at = (xp.arange(n)[:, None, None, None], rows, cols, xp.arange(c))
-        if strides[0] >= ph and strides[1] >= pw: dx[at] = g      # windows apart: each pixel wins at most once
-        else: np.add.at(dx, at, g)                                # overlapping windows: a pixel's wins add up
-        return dx
+        return dx[:, top:top + shape[1], left:left + shape[2]]
     return y, chain
 
 max_pool2d = max_pool2d_vwc.primitive
@@ -168,15 +179,16 @@ def _check_labels(op, logits, labels):
 def softmax_cross_entropy_vwc(logits, labels):
     "Mean over the batch of -log softmax(logits)[label], for integer labels; stable for any logits."
     _check_labels('softmax_cross_entropy', logits, labels)
-    n = logits.shape[0]
+    n, k = logits.shape
     shifted = logits - logits.max(-1, keepdims=True)
-    log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    e = np.exp(shifted)
+    total = e.sum(-1, keepdims=True)
     xp = array_module(logits)
-    rows = xp.arange(n)
+    loss = (np.log(total[:, 0]) - shifted[xp.arange(n), labels]).sum() / n    # logsumexp minus the label's logit
     def dlogits(g):                                     # softmax minus one-hot, over the batch size; written
-        one_hot = labels[:, None] == xp.arange(logits.shape[-1])    # without in-place updates, so that it can
-        return (np.exp(log_p) - one_hot) * (g / n)      # be differentiated again
-    return -log_p[rows, labels].mean(), (dlogits, None)
+        one_hot = labels[:, None] == xp.arange(k)       # without in-place updates, so that it can be
+        return (e / total - one_hot) * (g / n)          # differentiated again
+    return loss, (dlogits, None)
 
 softmax_cross_entropy = softmax_cross_entropy_vwc.primitive
 
@@ -233,7 +245,7 @@ class Conv2D(Layer):
     def forward(self, x):
         fshape = np.shape(self.filter)
         _check_nhwc('Conv2D', np.shape(x), fshape[2], what=f"filter {fshape}")
-        y = conv2d(x, self.filter, strides=self.strides, padding=self.padding) + self.bias
+        y = conv2d(x, self.filter, self.bias, strides=self.strides, padding=self.padding)   # the bias added inside
         return y if self.activation is None else self.activation(y)
 
     def __repr__(self):
