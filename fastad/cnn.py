@@ -27,7 +27,10 @@ def windows(x, size, strides=(1, 1)):
     shape, steps = (n, (h - size[0]) // strides[0] + 1, (w - size[1]) // strides[1] + 1, c, *size), \
                    (sn, sh * strides[0], sw * strides[1], sc, sh, sw)
     if type(x) is np.ndarray and h >= size[0] and w >= size[1]:     # the view, from the strides: no Python checks
-        return tricks.as_strided(x, shape, steps, writeable=False)
+        if not x.flags.c_contiguous: return tricks.as_strided(x, shape, steps, writeable=False)
+        view = np.ndarray(shape, x.dtype, x, 0, steps)  # x's own memory read with other strides: as_strided, minus its checks
+        view.flags.writeable = False
+        return view
     if hasattr(tricks, 'sliding_window_view'):
         return tricks.sliding_window_view(x, size, axis=(1, 2))[:, ::strides[0], ::strides[1]]
     return tricks.as_strided(x, shape, steps)           # an older CuPy: the same view, built from the strides
@@ -51,12 +54,13 @@ def _padding(op, padding):
     if p not in PADDINGS: raise ArgumentError(f"{op}: padding must be 'valid' or 'same', got {padding!r}")
     return p
 
-def _check_nhwc(op, shape, channels=None, what='filter'):
-    "Refuse an input that is not (batch, height, width, channels), or has other channels than `what` expects."
+def _check_nhwc(op, shape, filter_shape=None):
+    "Refuse an input that is not (batch, height, width, channels), or has other channels than an HWIO filter expects."
     if len(shape) != 4:
         raise ShapeError(f"{op}: the input must be 4-d (batch, height, width, channels), got shape {tuple(shape)}")
-    if channels is not None and shape[3] != channels:
-        raise ShapeError(f"{op}: the input has {shape[3]} channels, but the {what} expects {channels} (input {tuple(shape)})")
+    if filter_shape is not None and shape[3] != filter_shape[2]:
+        raise ShapeError(f"{op}: the input has {shape[3]} channels, but the filter {tuple(filter_shape)} expects "
+                         f"{filter_shape[2]} (input {tuple(shape)})")
 
 def pads(op, size, window, stride, padding):
     "`(before, after)`: the zeros padding adds on each side of one axis of `size` pixels."
@@ -94,9 +98,9 @@ def _conv_setup(op, x, filter, strides, padding):
     strides, padding = _pair(op, 'strides', strides), _padding(op, padding)
     if np.ndim(filter) != 4:
         raise ShapeError(f"{op}: the filter must be 4-d (height, width, in channels, out channels), got shape {np.shape(filter)}")
-    kh, kw, c, _ = np.shape(filter)
+    kh, kw, c, _ = fshape = np.shape(filter)
     shape = np.shape(x)
-    _check_nhwc(op, shape, c, what=f"filter {np.shape(filter)}")
+    _check_nhwc(op, shape, fshape)
     return strides, tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (kh, kw), strides))
 
 @defvwc(name='conv2d')
@@ -243,8 +247,7 @@ class Conv2D(Layer):
         for name, value in values.items(): object.__setattr__(self, name, value)
 
     def forward(self, x):
-        fshape = np.shape(self.filter)
-        _check_nhwc('Conv2D', np.shape(x), fshape[2], what=f"filter {fshape}")
+        _check_nhwc('Conv2D', np.shape(x), np.shape(self.filter))
         y = conv2d(x, self.filter, self.bias, strides=self.strides, padding=self.padding)   # the bias added inside
         return y if self.activation is None else self.activation(y)
 
