@@ -84,19 +84,23 @@ def _only_stores(cls):
 
 class _Fields:
     "A dataclass's `__init__` fields, which of them are differentiable, and how to build one from them: worked out once per class."
-    __slots__ = ('fields', 'names', 'differentiable', 'stores', 'takes', '__weakref__')
+    __slots__ = ('fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', '__weakref__')
     def __init__(self, cls):
         self.fields = [f for f in dataclasses.fields(cls) if f.init]
         self.names = [f.name for f in self.fields]
         self.differentiable = [(f.name, _differentiable(f)) for f in self.fields]
         self.stores = _only_stores(cls)
+        self.in_dict = cls.__dictoffset__ != 0 and not any(       # no field is a slot or another descriptor with a setter
+            hasattr(type(getattr(cls, n, None)), '__set__') for n in self.names)
         try: inspect.signature(cls).bind(**dict.fromkeys(self.names)); self.takes = True
         except (TypeError, ValueError): self.takes = False
     def build(self, x, values):
         "A new object of `x`'s class with these field values."
         if self.stores:                           # what its constructor would do, without the checks
             new = object.__new__(type(x))
-            for name, v in zip(self.names, values): object.__setattr__(new, name, v)
+            if self.in_dict: new.__dict__.update(zip(self.names, values))     # fields live in the instance's dict
+            else:
+                for name, v in zip(self.names, values): object.__setattr__(new, name, v)
             return new
         if self.takes: return type(x)(**dict(zip(self.names, values)))
         new = copy.copy(x)                        # an __init__ of its own that does not take the fields: copied, field by field
