@@ -103,6 +103,17 @@ def _conv_setup(op, x, filter, strides, padding):
     _check_nhwc(op, shape, fshape)
     return strides, tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (kh, kw), strides))
 
+def _filter_cotangent(x, g, size, strides):
+    "The cotangent of a `size` filter slid over (padded) NHWC `x`, from its output's cotangent `g`: a product per filter row."
+    (kh, kw), (sh, sw) = size, strides
+    n, oh, ow, o = g.shape
+    c = x.shape[3]
+    strips = windows(x, (1, kw), (1, sw))[..., 0, :].transpose(1, 0, 2, 4, 3)   # (h, n, ow, kw, c): each image row's windows
+    strips = strips.reshape(x.shape[1], n * ow, kw * c)                           # the one copy, kh times smaller than the rows
+    g = g.transpose(1, 0, 2, 3).reshape(oh * n * ow, o)                          # output pixels in the strips' order
+    met = [strips[i:i + (oh - 1) * sh + 1:sh].reshape(-1, kw * c) for i in range(kh)]   # row i met image rows i, i + sh, ...
+    return np.stack([m.T @ g for m in met]).reshape(kh, kw, c, o)
+
 @defvwc(name='conv2d')
 def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
     "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
@@ -119,9 +130,7 @@ def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
         spread[:, kh - 1:kh + (oh - 1) * strides[0]:strides[0], kw - 1:kw + (ow - 1) * strides[1]:strides[1]] = g
         flipped = filter[::-1, ::-1].transpose(0, 1, 3, 2)      # (kh, kw, o, c)
         return _correlate(spread, flipped, (1, 1))[:, top:top + x.shape[1], left:left + x.shape[2]]
-    def dfilter(g):
-        rows = _window_rows(_pad(x, amounts), (kh, kw), strides)     # rebuilt: cheaper to hold x than the rows
-        return (rows.T @ g.reshape(-1, o)).reshape(kh, kw, c, o)
+    def dfilter(g): return _filter_cotangent(_pad(x, amounts), g, (kh, kw), strides)   # rebuilt from x: no rows kept
     def dbias(g):                                       # summed over every pixel of every image, as a product with
         g = g.reshape(-1, o)                            # ones: BLAS adds up short rows many times faster than sum(0)
         return array_module(g).ones(g.shape[0], dtype=g.dtype) @ g
