@@ -8,7 +8,7 @@ __all__ = ['PADDINGS', 'conv2d', 'max_pool2d', 'softmax_cross_entropy', 'windows
            'applied_for_backpropagation']
 
 # %% ../nbs/05a_cnn_layers.ipynb #dcea83f0
-import functools, math, numbers
+import math, numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, default_rng, get_backend, zeros
