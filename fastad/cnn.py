@@ -8,7 +8,7 @@ __all__ = ['PADDINGS', 'conv2d', 'max_pool2d', 'softmax_cross_entropy', 'windows
            'applied_for_backpropagation']
 
 # %% ../nbs/05a_cnn_layers.ipynb #dcea83f0
-import functools, math, numbers
+import math, numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, default_rng, get_backend, zeros
@@ -16,7 +16,7 @@ from .errors import ArgumentError, ShapeError
 from .layers import Layer
 from .primitives import defvwc
 from .transforms import value_with_pullback
-from .tree import nondifferentiable
+from .tree import nondifferentiable, stores_its_fields
 
 # %% ../nbs/05a_cnn_layers.ipynb #5cccd779
 def windows(x, size, strides=(1, 1)):
@@ -27,7 +27,10 @@ def windows(x, size, strides=(1, 1)):
     shape, steps = (n, (h - size[0]) // strides[0] + 1, (w - size[1]) // strides[1] + 1, c, *size), \
                    (sn, sh * strides[0], sw * strides[1], sc, sh, sw)
     if type(x) is np.ndarray and h >= size[0] and w >= size[1]:     # the view, from the strides: no Python checks
-        return tricks.as_strided(x, shape, steps, writeable=False)
+        if not x.flags.c_contiguous: return tricks.as_strided(x, shape, steps, writeable=False)
+        view = np.ndarray(shape, x.dtype, x, 0, steps)  # x's own memory read with other strides: as_strided, minus its checks
+        view.flags.writeable = False
+        return view
     if hasattr(tricks, 'sliding_window_view'):
         return tricks.sliding_window_view(x, size, axis=(1, 2))[:, ::strides[0], ::strides[1]]
     return tricks.as_strided(x, shape, steps)           # an older CuPy: the same view, built from the strides
@@ -51,12 +54,13 @@ def _padding(op, padding):
     if p not in PADDINGS: raise ArgumentError(f"{op}: padding must be 'valid' or 'same', got {padding!r}")
     return p
 
-def _check_nhwc(op, shape, channels=None, what='filter'):
-    "Refuse an input that is not (batch, height, width, channels), or has other channels than `what` expects."
+def _check_nhwc(op, shape, filter_shape=None):
+    "Refuse an input that is not (batch, height, width, channels), or has other channels than an HWIO filter expects."
     if len(shape) != 4:
         raise ShapeError(f"{op}: the input must be 4-d (batch, height, width, channels), got shape {tuple(shape)}")
-    if channels is not None and shape[3] != channels:
-        raise ShapeError(f"{op}: the input has {shape[3]} channels, but the {what} expects {channels} (input {tuple(shape)})")
+    if filter_shape is not None and shape[3] != filter_shape[2]:
+        raise ShapeError(f"{op}: the input has {shape[3]} channels, but the filter {tuple(filter_shape)} expects "
+                         f"{filter_shape[2]} (input {tuple(shape)})")
 
 def pads(op, size, window, stride, padding):
     "`(before, after)`: the zeros padding adds on each side of one axis of `size` pixels."
@@ -94,16 +98,30 @@ def _conv_setup(op, x, filter, strides, padding):
     strides, padding = _pair(op, 'strides', strides), _padding(op, padding)
     if np.ndim(filter) != 4:
         raise ShapeError(f"{op}: the filter must be 4-d (height, width, in channels, out channels), got shape {np.shape(filter)}")
-    kh, kw, c, _ = np.shape(filter)
+    kh, kw, c, _ = fshape = np.shape(filter)
     shape = np.shape(x)
-    _check_nhwc(op, shape, c, what=f"filter {np.shape(filter)}")
+    _check_nhwc(op, shape, fshape)
     return strides, tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (kh, kw), strides))
 
+def _filter_cotangent(x, g, size, strides):
+    "The cotangent of a `size` filter slid over (padded) NHWC `x`, from its output's cotangent `g`: a product per filter row."
+    (kh, kw), (sh, sw) = size, strides
+    n, oh, ow, o = g.shape
+    c = x.shape[3]
+    strips = windows(x, (1, kw), (1, sw))[..., 0, :].transpose(1, 0, 2, 4, 3)   # (h, n, ow, kw, c): each image row's windows
+    strips = strips.reshape(x.shape[1], n * ow, kw * c)                           # the one copy, kh times smaller than the rows
+    g = g.transpose(1, 0, 2, 3).reshape(oh * n * ow, o)                          # output pixels in the strips' order
+    met = [strips[i:i + (oh - 1) * sh + 1:sh].reshape(-1, kw * c) for i in range(kh)]   # row i met image rows i, i + sh, ...
+    return np.stack([m.T @ g for m in met]).reshape(kh, kw, c, o)
+
 @defvwc(name='conv2d')
-def conv2d_vwc(x, filter, *, strides=(1, 1), padding='valid'):
-    "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`."
+def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
+    "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
     strides, amounts = _conv_setup('conv2d', x, filter, strides, padding)
     kh, kw, c, o = filter.shape
+    if bias is not None and np.shape(bias) != (o,):
+        raise ShapeError(f"conv2d: bias must have shape ({o},), one per output channel of the filter {filter.shape}; "
+                         f"got {np.shape(bias)}")
     def dx(g):
         n, oh, ow, _ = g.shape
         (top, bottom), (left, right) = amounts
@@ -112,10 +130,12 @@ def conv2d_vwc(x, filter, *, strides=(1, 1), padding='valid'):
         spread[:, kh - 1:kh + (oh - 1) * strides[0]:strides[0], kw - 1:kw + (ow - 1) * strides[1]:strides[1]] = g
         flipped = filter[::-1, ::-1].transpose(0, 1, 3, 2)      # (kh, kw, o, c)
         return _correlate(spread, flipped, (1, 1))[:, top:top + x.shape[1], left:left + x.shape[2]]
-    def dfilter(g):
-        rows = _window_rows(_pad(x, amounts), (kh, kw), strides)     # rebuilt: cheaper to hold x than the rows
-        return (rows.T @ g.reshape(-1, o)).reshape(kh, kw, c, o)
-    return _correlate(_pad(x, amounts), filter, strides), (dx, dfilter)
+    def dfilter(g): return _filter_cotangent(_pad(x, amounts), g, (kh, kw), strides)   # rebuilt from x: no rows kept
+    def dbias(g):                                       # summed over every pixel of every image, as a product with
+        g = g.reshape(-1, o)                            # ones: BLAS adds up short rows many times faster than sum(0)
+        return array_module(g).ones(g.shape[0], dtype=g.dtype) @ g
+    y = _correlate(_pad(x, amounts), filter, strides)
+    return (y, (dx, dfilter)) if bias is None else (y + bias, (dx, dfilter, dbias))
 
 conv2d = conv2d_vwc.primitive
 
@@ -124,26 +144,30 @@ conv2d = conv2d_vwc.primitive
 def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
     "The largest value of each `pool_size` window of NHWC `x`, windows `strides` apart."
     op = 'max_pool2d'
-    (ph, pw), strides, padding = _pair(op, 'pool_size', pool_size), _pair(op, 'strides', strides), _padding(op, padding)
+    (ph, pw), (sh, sw), padding = _pair(op, 'pool_size', pool_size), _pair(op, 'strides', strides), _padding(op, padding)
     shape = np.shape(x)
     _check_nhwc(op, shape)
-    amounts = tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (ph, pw), strides))
-    w = windows(_pad(x, amounts, -np.inf), (ph, pw), strides).transpose(0, 1, 2, 4, 5, 3)   # (n, oh, ow, ph, pw, c)
-    n, oh, ow, c = *w.shape[:3], w.shape[5]
-    flat = w.reshape(n, oh, ow, ph * pw, c)             # channels innermost, as in x: a fast copy
-    winner = flat.argmax(3)                             # (n, oh, ow, c): where in its window the maximum was
-    y = functools.reduce(np.maximum, [flat[:, :, :, k] for k in range(ph * pw)])   # faster than max over a short axis
-    winner = winner.astype(np.uint8 if ph * pw <= 256 else np.int32)   # saved small: a byte per output
+    amounts = tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (ph, pw), (sh, sw)))
+    padded = _pad(x, amounts, -np.inf)
+    padded_shape = padded.shape
+    oh, ow = (padded_shape[1] - ph) // sh + 1, (padded_shape[2] - pw) // sw + 1
+    def at(k):                                          # the pixel at position k (row by row) of every window
+        i, j = divmod(k, pw)
+        return slice(None), slice(i, i + oh * sh, sh), slice(j, j + ow * sw, sw)
+    y = padded[at(0)].copy()                            # (n, oh, ow, c): the best so far, and where it was
+    winner = array_module(x).zeros(y.shape, dtype=np.uint8 if ph * pw <= 256 else np.int32)   # saved small: a byte per output
+    for k in range(1, ph * pw):
+        candidate = padded[at(k)].copy()                # a contiguous copy: the comparisons run several times faster
+        better = candidate > y                          # strictly: a tie stays with the earlier position, as argmax
+        y = np.maximum(y, candidate)
+        winner = np.maximum(winner, better * winner.dtype.type(k))    # k only grows: where it wins, it is the largest
     def chain(g):
-        xp = array_module(g)
+        dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
+        for k in range(ph * pw):                        # position k of every window at once: a strided slice of dx
+            if sh >= ph and sw >= pw: dx[at(k)] = (winner == k) * g     # windows apart: a pixel is in one at most
+            else: dx[at(k)] += (winner == k) * g                        # overlapping windows: a pixel's wins add up
         (top, _), (left, _) = amounts
-        rows = (xp.arange(oh) * strides[0])[:, None, None] + winner // pw - top    # the winner's pixel in x
-        cols = (xp.arange(ow) * strides[1])[:, None] + winner % pw - left
-        dx = xp.zeros(shape, dtype=g.dtype)
-        at = (xp.arange(n)[:, None, None, None], rows, cols, xp.arange(c))
-        if strides[0] >= ph and strides[1] >= pw: dx[at] = g      # windows apart: each pixel wins at most once
-        else: np.add.at(dx, at, g)                                # overlapping windows: a pixel's wins add up
-        return dx
+        return dx[:, top:top + shape[1], left:left + shape[2]]
     return y, chain
 
 max_pool2d = max_pool2d_vwc.primitive
@@ -168,15 +192,16 @@ def _check_labels(op, logits, labels):
 def softmax_cross_entropy_vwc(logits, labels):
     "Mean over the batch of -log softmax(logits)[label], for integer labels; stable for any logits."
     _check_labels('softmax_cross_entropy', logits, labels)
-    n = logits.shape[0]
+    n, k = logits.shape
     shifted = logits - logits.max(-1, keepdims=True)
-    log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    e = np.exp(shifted)
+    total = e.sum(-1, keepdims=True)
     xp = array_module(logits)
-    rows = xp.arange(n)
+    loss = (np.log(total[:, 0]) - shifted[xp.arange(n), labels]).sum() / n    # logsumexp minus the label's logit
     def dlogits(g):                                     # softmax minus one-hot, over the batch size; written
-        one_hot = labels[:, None] == xp.arange(logits.shape[-1])    # without in-place updates, so that it can
-        return (np.exp(log_p) - one_hot) * (g / n)      # be differentiated again
-    return -log_p[rows, labels].mean(), (dlogits, None)
+        one_hot = labels[:, None] == xp.arange(k)       # without in-place updates, so that it can be
+        return (e / total - one_hot) * (g / n)          # differentiated again
+    return loss, (dlogits, None)
 
 softmax_cross_entropy = softmax_cross_entropy_vwc.primitive
 
@@ -200,6 +225,7 @@ def _filter_shape(shape):
                             f"out channels), got {shape!r}")
     return tuple(int(v) for v in shape)
 
+@stores_its_fields                                    # given its fields, __init__ only checks them
 class Conv2D(Layer):
     "A 2-D convolution layer, `activation(conv2d(x, filter) + bias)`, on NHWC input with an HWIO filter."
     filter: object
@@ -230,15 +256,15 @@ class Conv2D(Layer):
         for name, value in values.items(): object.__setattr__(self, name, value)
 
     def forward(self, x):
-        fshape = np.shape(self.filter)
-        _check_nhwc('Conv2D', np.shape(x), fshape[2], what=f"filter {fshape}")
-        y = conv2d(x, self.filter, strides=self.strides, padding=self.padding) + self.bias
+        _check_nhwc('Conv2D', np.shape(x), np.shape(self.filter))
+        y = conv2d(x, self.filter, self.bias, strides=self.strides, padding=self.padding)   # the bias added inside
         return y if self.activation is None else self.activation(y)
 
     def __repr__(self):
         return (f"Conv2D(filter {np.shape(self.filter)}, strides={self.strides}, padding={self.padding!r}, "
                 f"activation={getattr(self.activation, '__name__', self.activation)})")
 
+@stores_its_fields                                    # __post_init__ only checks and normalizes
 class MaxPool2D(Layer):
     "Max pooling: the largest value of each `pool_size` window of NHWC input, windows `strides` apart."
     pool_size: tuple = nondifferentiable((2, 2))

@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from .backend import random_normal, zeros
 from .errors import ArgumentError, DifferentiationError, ShapeError
 from .primitives import relu
-from .tree import Differentiable, nondifferentiable, flatten, leaves_like
+from .tree import Differentiable, nondifferentiable, flatten, leaves_like, stores_its_fields
 
 # %% ../nbs/04_custom_derivatives.ipynb #132a1cff
 def _moved(x, d, where):
@@ -55,6 +55,7 @@ def _size(op, name, n):
         raise ArgumentError(f"{op}: {name} must be a whole number of 1 or more, got {n!r}")
     return int(n)
 
+@stores_its_fields                                    # given its fields, __init__ only checks them
 class Dense(Layer):
     """A fully connected layer, `activation(x @ weight + bias)`. `Dense(2, 10)` draws a new weight (Kaiming
     normal, from `rng` or the backend's seeded generator) and a zero bias; `Dense(weight=w, bias=b)` uses yours."""

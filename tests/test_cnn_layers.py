@@ -132,6 +132,26 @@ def test_conv2d_pullbacks_keep_only_the_input_and_the_filter():
     arrays = {name: v for name, v in saved.items() if hasattr(v, 'shape')}
     assert set(arrays) == {'x', 'filter'} and arrays['x'] is x and arrays['filter'] is f
 
+@given(case=conv_cases)
+@fast
+def test_conv2d_with_a_bias_is_the_sum_and_its_gradients_match_central_differences(any_backend, case):
+    if not fits(case): return
+    x, f, b = rand(case['seed'], case['n'], case['h'], case['w'], case['c']), \
+        rand(case['seed'] + 1, case['kh'], case['kw'], case['c'], case['o']), rand(case['seed'] + 2, case['o'])
+    conv = lambda x, f, b: fd.conv2d(x, f, b, strides=case['strides'], padding=case['padding'])
+    np.testing.assert_allclose(to_host(conv(to_device(x), to_device(f), to_device(b))),
+                               naive_conv(x, f, case['strides'], case['padding']) + b, rtol=1e-10, atol=1e-12)
+    check_gradients(conv, to_device(x), to_device(f), to_device(b))
+
+def test_conv2d_refuses_a_bias_that_is_not_one_per_output_channel():
+    with pytest.raises(fd.ShapeError, match=r"conv2d: bias must have shape \(4,\), one per output channel"):
+        fd.conv2d(np.ones((1, 5, 5, 2)), np.ones((3, 3, 2, 4)), np.ones(2))
+
+def test_the_conv2d_layer_adds_its_bias_inside_one_primitive():
+    layer = fd.Conv2D(filter=rand(0, 3, 3, 2, 4), bias=rand(1, 4), activation=None)
+    with fd.trace_primitives() as log: fd.gradient(lambda m: m(rand(2, 1, 5, 5, 2)).sum(), layer)
+    assert log.count('forward', 'conv2d') == 1 and log.count('forward', 'add') == 0, log
+
 def test_windows_is_a_view():
     x = np.arange(2 * 5 * 6 * 3.).reshape(2, 5, 6, 3)
     w = windows(x, (3, 2), (2, 2))
@@ -163,6 +183,23 @@ def test_max_pool2d_overlapping_windows_add_up(any_backend):
     x = to_device(np.array([0., 5., 1.]).reshape(1, 1, 3, 1))
     g = fd.pullback(lambda x: fd.max_pool2d(x, pool_size=(1, 2), strides=(1, 1)), x)(to_device(np.array([2., 3.]).reshape(1, 1, 2, 1)))
     np.testing.assert_array_equal(to_host(g).ravel(), [0., 5., 0.])
+
+def test_max_pool2d_a_tie_goes_to_the_first_pixel_of_its_window_in_row_order():
+    # one 2x2 window per case, the maximum 1 at two or more places; the cotangent goes to the first in row order
+    for ones in [((0, 1), (1, 0)), ((1, 0), (1, 1)), ((0, 0), (1, 1)), ((0, 1), (1, 0), (1, 1))]:   # in row order
+        x = np.zeros((1, 2, 2, 1))
+        for i, j in ones: x[0, i, j, 0] = 1.0
+        g = fd.gradient(lambda x: fd.max_pool2d(x).sum(), to_device(x))
+        want = np.zeros((1, 2, 2, 1)); want[0, ones[0][0], ones[0][1], 0] = 1.0
+        np.testing.assert_array_equal(to_host(g), want, err_msg=str(ones))
+
+def test_max_pool2d_windows_that_overlap_and_leave_gaps_route_every_cotangent():
+    x = rand(3, 2, 7, 8, 3)
+    for size, strides in [((3, 2), (1, 1)), ((2, 2), (3, 3)), ((3, 3), (2, 1))]:
+        pool = lambda x: fd.max_pool2d(x, pool_size=size, strides=strides)
+        g = to_host(fd.gradient(lambda x: (pool(x) * 2.0).sum(), to_device(x)))
+        assert g.sum() == pytest.approx(2.0 * np.prod(to_host(pool(to_device(x))).shape))    # every output's cotangent, once
+        check_gradients(pool, to_device(x))
 
 def test_max_pool2d_saves_argmax_positions_not_masks():
     x = rand(0, 10, 12, 12, 6).astype(np.float32)

@@ -118,6 +118,60 @@ def test_subclasses_of_models_inherit_fields():
     assert type(g) is Child and (g.w, g.v) == (15.0, 6.0)
     assert Base(1.0).w == 1.0 and [f.name for f in dataclasses.fields(Child)] == ['w', 'v']
 
+# --- models rebuilt by setting their fields, only where the constructor does nothing more --------------------
+from fastad.tree import stores_its_fields
+
+class Counted(fd.Differentiable):
+    "A model with an __init__ of its own that counts its calls."
+    w: np.ndarray
+    calls = []
+    def __init__(self, w):
+        Counted.calls.append(1)
+        object.__setattr__(self, 'w', w)
+
+@stores_its_fields
+class CountedStoring(Counted):
+    v: float = 1.0
+    def __init__(self, w, v=1.0):
+        CountedStoring.calls.append(1)
+        object.__setattr__(self, 'w', w); object.__setattr__(self, 'v', v)
+
+def test_a_model_whose_constructor_only_stores_its_fields_is_rebuilt_without_calling_it():
+    m = CountedStoring(np.array([1.0, 2.0]), 3.0)
+    CountedStoring.calls.clear()
+    g = fd.gradient(lambda m: (m.w * m.v).sum(), m)
+    assert type(g) is CountedStoring and CountedStoring.calls == []     # neither the traced copy nor the gradient called it
+    close(g.w, [3.0, 3.0]); close(g.v, 3.0)
+
+def test_a_model_with_its_own_constructor_is_still_rebuilt_through_it():
+    m = Counted(np.array([1.0, 2.0]))
+    Counted.calls.clear()
+    g = fd.gradient(lambda m: (m.w ** 2).sum(), m)
+    assert type(g) is Counted and len(Counted.calls) == 2                # the traced copy and the gradient
+    close(g.w, [2.0, 4.0])
+
+def test_a_subclass_of_a_storing_model_with_a_post_init_gets_it_run():
+    class Derived(CountedStoring):
+        twice: np.ndarray = dataclasses.field(init=False, default=None)
+        def __post_init__(self): object.__setattr__(self, 'twice', self.w * 2)
+    m = Derived(np.array([1.0, 2.0]))
+    g = fd.gradient(lambda m: (m.twice * m.w).sum(), m)                # sum(2 w^2): 4 w
+    close(g.w, [4.0, 8.0]); close(g.twice, 2 * g.w)                   # derived from the gradient's own field
+
+def test_a_model_with_its_own_setattr_sees_every_rebuild():
+    seen = []
+    class Watched(fd.Differentiable):
+        w: float
+        def __setattr__(self, name, value):
+            seen.append(name)
+            object.__setattr__(self, name, value)
+    g = fd.gradient(lambda m: m.w * 3.0, Watched(2.0))
+    assert g.w == 3.0 and seen == ['w', 'w', 'w']                      # built, traced copy, gradient
+
+def test_labels_in_errors_name_the_path_to_the_item():
+    with pytest.raises(DifferentiationError, match=r"argument 1\[1\] is a str"): flatten((1.0, [2.0, 'x']), arguments=True)
+    with pytest.raises(DifferentiationError, match=r"argument\['k'\]\[0\]\[1\] is a NoneType"): flatten({'k': [(1.0, None)]})
+
 # --- 4: the custom pullbacks' memo belongs to each thread ---------------------------------------------------
 def test_custom_pullbacks_of_one_function_in_four_threads():
     def mul_vjp(a, b): return a * b, lambda g: (g * b, g * a)
