@@ -161,6 +161,8 @@ def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
         better = candidate > y                          # strictly: a tie stays with the earlier position, as argmax
         y = np.maximum(y, candidate)
         winner = np.maximum(winner, better * winner.dtype.type(k))    # k only grows: where it wins, it is the largest
+    if bool(np.isnan(y).any()):                         # a NaN wins its window (the first NaN), as argmax has it
+        winner = np.argmax(np.stack([padded[at(k)] for k in range(ph * pw)]), axis=0).astype(winner.dtype)
     def chain(g):
         dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
         for k in range(ph * pw):                        # position k of every window at once: a strided slice of dx

@@ -365,3 +365,15 @@ def test_errors_inside_a_transform_name_the_layer():
         fd.gradient(lambda x: conv(x).sum(), np.ones((1, 5, 5, 1), np.float32))
     with pytest.raises(fd.ShapeError, match="labels must have shape"):
         fd.gradient(lambda z: fd.softmax_cross_entropy(z, np.array([1])), np.ones((2, 3)))
+
+def test_max_pool_routes_a_nan_windows_cotangent_to_its_first_nan():
+    "As argmax (and PyTorch) have it: the NaN that makes the output NaN gets the cotangent, not a pixel before it."
+    x = np.arange(16, dtype=np.float64).reshape(1, 4, 4, 1)
+    x[0, 0, 1, 0] = np.nan                              # top-left window: its second pixel
+    x[0, 3, 2, 0] = x[0, 3, 3, 0] = np.nan              # bottom-right window: two NaNs, the first in row order wins
+    y, chain = fd.cnn.max_pool2d_vwc(x)
+    assert np.isnan(y[0, 0, 0, 0]) and np.isnan(y[0, 1, 1, 0])
+    dx = chain(np.ones_like(y))[0, :, :, 0]
+    assert dx[0, 1] == 1 and dx[0, 0] == 0 and dx[1, 1] == 0
+    assert dx[3, 2] == 1 and dx[3, 3] == 0 and dx[2, 3] == 0
+    assert dx.sum() == 4
