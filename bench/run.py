@@ -67,6 +67,7 @@ class Entry:
     rounds: dict = field(default_factory=dict)      # case -> [per-round median seconds]
     calls: dict = field(default_factory=dict)       # case -> [every call's seconds]
     memory: dict = field(default_factory=dict)      # case -> {method: bytes}
+    processes: int = 0                              # how many processes of this contender were timed
 
 def compare(result, reference, tolerance):
     "The largest error relative to the reference's scale, or a message saying what differs."
@@ -99,6 +100,7 @@ def start_workers(workload, names, size, env, out):
             if 'traceback' in w.hello: out(w.hello['traceback'])
             continue
         entry.version, entry.note, entry.pools = w.hello['version'], w.hello['note'], w.hello['pools']
+        entry.processes = 1
         workers[name] = w
     return workers, entries
 
@@ -161,7 +163,9 @@ def restart_workers(workload, workers, size, env, entries):
     each; the timed rounds are shared among several generations of processes, so that bias averages out."""
     fresh = {}
     for name in workers:
-        try: fresh[name] = Worker(workload, name, size, env)
+        try:
+            fresh[name] = Worker(workload, name, size, env)
+            entries[name].processes += 1
         except WorkerDied as e: entries[name].status, entries[name].reason = 'failed', str(e)
     return fresh
 
@@ -189,7 +193,7 @@ def run_workload(workload, args, env, tmp, out):
                     entries[name].memory[case] = w.ask(cmd='memory', case=case, methods=methods)['memory']
         if kind != 'memory' and workers:
             rounds = args.rounds or (getattr(module, 'ROUNDS', 15) if not args.quick else 2)
-            generations = 1 if args.quick else max(1, min(args.processes, rounds))
+            generations = max(1, min(args.processes or (1 if args.quick else 3), rounds))
             for g in range(generations):              # fresh processes for each share of the rounds: see below
                 if g:
                     for w in workers.values(): w.close()
@@ -213,7 +217,7 @@ def main(argv=None):
     p.add_argument('--only', default=','.join(WORKLOADS), help=f"comma-separated workloads (default: all of {', '.join(WORKLOADS)})")
     p.add_argument('--libraries', default='fastad,' + ','.join(PEERS), help='comma-separated libraries (default: all)')
     p.add_argument('--rounds', type=int, default=None, help='interleaved rounds (default: 15, fewer for long cases; 2 with --quick)')
-    p.add_argument('--processes', type=int, default=3, help='fresh processes per contender, one after another, that share the rounds (default: 3)')
+    p.add_argument('--processes', type=int, default=None, help='fresh processes per contender, one after another, that share the rounds (default: 3; 1 with --quick)')
     p.add_argument('--threads', type=int, default=1, help='threads for every library (default: 1, see bench/README.md)')
     p.add_argument('--out', default=str(ROOT / 'bench'), help='folder for results.md and results.png (default: bench/)')
     p.add_argument('--json', default=None, help='also write every figure to this JSON file')

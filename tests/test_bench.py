@@ -30,6 +30,21 @@ def test_one_workload_writes_table_and_chart(tmp_path):
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) < 300_000
     assert 'fastad / hand-written' in stdout and 'OPENBLAS_NUM_THREADS=1' in stdout
 
+def test_rounds_are_shared_among_generations_of_processes(tmp_path):
+    stdout, results = run_suite(tmp_path, '--only', 'scalar', '--libraries', 'fastad,numpy', '--processes', '2',
+                                '--rounds', '3')
+    entries = results['workloads']['scalar']['entries']
+    for name in ('fastad', 'numpy'):
+        assert entries[name]['status'] == 'ok'
+        assert entries[name]['processes'] == 2
+        assert len(entries[name]['rounds']['mixed']) == 3           # 2 rounds in the first processes, 1 in the second
+
+def test_paired_times_two_contenders_in_one_process():
+    out = subprocess.run([sys.executable, '-m', 'bench.paired', 'scalar', 'fastad', 'numpy', '--rounds', '3'],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'fastad / numpy = ' in out.stdout and 'scalar: mixed' in out.stdout
+
 def test_missing_peer_is_reported_as_skipped(tmp_path):
     stdout, results = run_suite(tmp_path, '--only', 'cnn', '--libraries', 'fastad,numpy,torch', hide='torch')
     torch = results['workloads']['cnn']['entries']['torch']
