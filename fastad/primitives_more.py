@@ -162,14 +162,16 @@ def _nan_shares(twice, x, y):
 @defvwc(np.fmax, broadcasts=True)
 def fmax_vwc(x, y):
     "Like maximum, but a NaN is ignored; a tie splits the cotangent ½/½."
-    ans, half = np.fmax(x, y), _half(np.fmax(x, y))
+    ans = np.fmax(x, y)
+    half = _half(ans)
     twice = _nan_shares(np.add(x >= y, x > y, dtype=np.int8), x, y)
     return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
 
 @defvwc(np.fmin, broadcasts=True)
 def fmin_vwc(x, y):
     "Elementwise minimum ignoring NaN: g to the smaller operand, split ½/½ at ties."
-    ans, half = np.fmin(x, y), _half(np.fmin(x, y))
+    ans = np.fmin(x, y)
+    half = _half(ans)
     twice = _nan_shares(np.add(x <= y, x < y, dtype=np.int8), x, y)
     return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
 
