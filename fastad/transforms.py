@@ -47,6 +47,11 @@ def _as_gradient(ct, primal, seen):
 
 def _name(f): return getattr(f, '__name__', type(f).__name__)
 
+def _matrix(what):
+    "The error for an `np.matrix` argument: its `*` is a matrix product and its reductions stay 2-d."
+    return DifferentiationError(f"{what} is a numpy.matrix, whose * is a matrix product and whose reductions stay "
+                                f"2-d, so NumPy code written for arrays goes wrong on it: pass numpy.asarray(x)")
+
 def _cast_like(c, value):
     """Cotangent `c` in the dtype of `value`, so a float32 backward pass stays float32; a scalar cotangent for
     a device array moves to the device (else a pullback like `mean`'s would broadcast it on the host)."""
@@ -54,7 +59,8 @@ def _cast_like(c, value):
     if dtype is None or type(c) is Traced: return c
     module = array_module(value)
     if module is not np and np.ndim(c) == 0 and array_module(c) is not module: return module.asarray(c, dtype=dtype)
-    if getattr(c, 'dtype', None) == dtype: return c
+    own = getattr(c, 'dtype', None)                     # a Python float has none (and np.dtype('float64') == None)
+    if own is not None and own == dtype: return c
     return c.astype(dtype) if hasattr(c, 'astype') else np.dtype(dtype).type(c)
 
 def value_with_pullback(f, *args):
@@ -67,6 +73,8 @@ def _value_with_pullback(f, args, once=False):
     if not callable(f): raise DifferentiationError(f"value_with_pullback: f must be callable, not {_describe(f)}")
     if not args: raise DifferentiationError(f"value_with_pullback: no arguments given to differentiate {_name(f)} at")
     primals, rebuild = flatten(args, where=f'argument', arguments=True)
+    for i, p in enumerate(primals):
+        if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
     trace = Trace()
     with full_collections_paused():                   # see the engine: the collector would walk the growing tape
         try: out = f(*rebuild([trace.new_input(p) for p in primals]))
@@ -84,6 +92,7 @@ def _value_with_pullback(f, args, once=False):
         seeds = {}
         for o, c in zip(mine, cts):
             if o is None or c is None: continue               # None: no cotangent for that part of the result
+            if isinstance(c, np.matrix): c = np.asarray(c)    # its * is a matrix product: an ndarray at the door
             if np.shape(c) != np.shape(o.value):
                 raise DifferentiationError(f"pullback of {_name(f)}: the cotangent has shape {np.shape(c)} but "
                                            f"the result has shape {np.shape(o.value)}")
@@ -142,7 +151,8 @@ def _arg_cotangents(name, args, cts):
     per_arg = []
     for i, (arg, ct) in enumerate(zip(args, (cts,) if n == 1 else cts)):
         where = f"pullback of {name}: the cotangent of argument {i}"
-        leaves = leaves_like(arg, ct, where)
+        leaves = [np.asarray(c) if isinstance(c, np.matrix) else c     # SciPy's sparse reductions return a matrix,
+                  for c in leaves_like(arg, ct, where)]                 # whose * would be a matrix product downstream
         for leaf, c in zip(arg_leaves[i], leaves):
             if c is not None and np.shape(c) != np.shape(leaf):
                 raise DifferentiationError(f"{where} has shape {np.shape(c)}, but the argument has shape {np.shape(leaf)}")
@@ -153,19 +163,30 @@ def _split_chain(pullback, n):
     """Per-input chains from a pullback returning all `n` cotangents. A backward sweep calls the chains of one
     step one after another with the same cotangent, so the pullback runs once per sweep: each chain takes its
     share of the last result away (nothing handed out stays held), and a chain asking again (the next sweep)
-    runs the pullback anew. The memo is the thread's own: sweeps of one pullback may run in several threads."""
+    runs the pullback anew. The memo is the thread's own: sweeps of one pullback may run in several threads.
+    Only the cotangents of inputs whose chains are on the tape are kept (`_mark_wanted`): a constant's chain never
+    runs, so its cotangent would stay in the memo after the sweep."""
     memo = threading.local()                            # .g, and .pending: {input: its cotangent, not yet handed out}
+    wanted = [None]                                     # the inputs whose chains are on the tape; None: all of them
     def chain(i):
         def chain_i(g):
             pending = getattr(memo, 'pending', None)
             if not pending or memo.g is not g or i not in pending:
-                pending = dict(enumerate(pullback(g)))
+                keep = wanted[0]
+                pending = {j: c for j, c in enumerate(pullback(g)) if keep is None or j in keep or j == i}
                 memo.g, memo.pending = g, pending
             ct = pending.pop(i)
             if not pending: memo.g = memo.pending = None  # all handed out: hold nothing until the next sweep
             return ct
+        chain_i.wanted, chain_i.input = wanted, i
         return chain_i
     return tuple(chain(i) for i in range(n))
+
+def _mark_wanted(result):
+    "Tell the split chains of the custom function that made traced `result` which of them its tape entry will run."
+    parents = result.trace.tape[result.idx][1]
+    chains = [c for _, c in parents if hasattr(c, 'wanted')]
+    if chains: chains[0].wanted[0] = frozenset(c.input for c in chains)
 
 class _Parts:
     "Cotangents of some of a custom function's outputs (None for the others); they add up output by output."
@@ -206,8 +227,45 @@ def _refuse_foreign_traces(name, value, args):
                                    f"(through a closure or an object's field), whose derivative would be lost; "
                                    f"pass that value as an argument")
 
+def _leaf_spec(leaf):
+    "What the door of a custom pullback needs of one output: its shape, its dtype and its array module, not its values."
+    v = unbox(leaf)
+    dtype = np.result_type(v)                           # a Python float: float64
+    if dtype.kind != 'f': dtype = None                  # an integer output carries no derivative: no cast to it
+    return np.shape(v), dtype, array_module(v) if is_array(v) else np
+
+def _read_only(c, spec):
+    """Cotangent `c` as the custom pullback gets it: an ndarray (never a matrix) of the output's dtype, read-only,
+    since the backward pass shares it with other branches and with the caller (a device array: a copy of its own)."""
+    if type(c) is Traced: return c                      # a higher order: traced values are never written
+    shape, dtype, module = spec
+    if isinstance(c, np.matrix): c = np.asarray(c)
+    own = getattr(c, 'dtype', None)
+    if dtype is None: pass
+    elif own is None: return dtype.type(c) if module is np else module.asarray(c, dtype=dtype)   # a Python number
+    elif own != dtype: c = c.astype(dtype)
+    if type(c) is np.ndarray:
+        if c.flags.writeable: c = c.view(); c.flags.writeable = False   # a view: nothing copied
+    elif is_array(c): c = c.copy()                      # CuPy has no read-only arrays
+    return c
+
+def _door(value):
+    """`door(g)`: the cotangent `g` of a custom function's result `value` as its pullback receives it (`_read_only`
+    per output, zeros for unused outputs). It keeps `value`'s shapes and dtypes, not its arrays."""
+    if not is_container(value):
+        spec = _leaf_spec(value)
+        return lambda g: _read_only(g, spec)
+    leaves, rebuild = flatten(value, static_ok=True)
+    specs = [_leaf_spec(leaf) for leaf in leaves]
+    del leaves
+    def door(g):
+        cts = g.cts if type(g) is _Parts else flatten(g, static_ok=True)[0]
+        return rebuild([module.zeros(shape, dtype or float) if c is None else _read_only(c, (shape, dtype, module))
+                        for c, (shape, dtype, module) in zip(cts, specs)])
+    return door
+
 def _pullback_of(name, pb):
-    "`pb`, with a clear error when it cannot take the cotangent."
+    "`pb`, with a clear error when it cannot take the cotangent, or writes into it."
     def checked(g):
         try: return pb(g)
         except TypeError:
@@ -215,6 +273,12 @@ def _pullback_of(name, pb):
             except TypeError: raise DifferentiationError(f"{name}: its pullback must take one argument, the cotangent") from None
             except ValueError: pass                     # no signature to check against: the error is the pullback's own
             raise
+        except ValueError as e:
+            if 'read-only' not in str(e): raise
+            raise DifferentiationError(
+                f"{name}: its pullback wrote into a read-only array, most likely the cotangent it was given, which the "
+                f"backward pass shares with other branches and the caller: compute a new array (g = g * 3, not "
+                f"g *= 3), or copy it first (g = g.copy())") from e
     return checked
 
 class CustomFunction(Primitive):
@@ -229,6 +293,7 @@ class CustomFunction(Primitive):
             result = apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
         elif not any(type(a) is Traced for a in args): return self._plain(args, kwargs)
         else: result = apply(self, args, kwargs)
+        _mark_wanted(result)
         if not is_container(result.value): return result
         outputs, rebuild_outputs = flatten(result.value, where=f"the result of {self.name}", static_ok=True)
         return rebuild_outputs([apply(_part, (result,), dict(i=i, n=len(outputs))) for i in range(len(outputs))])
@@ -280,12 +345,14 @@ def differentiable_function(vjp, name=None, forward=None):
         return value, _pullback_of(name, pb)
     def vwc(*xs, **kwargs):
         value, pb = value_and_pullback(xs, kwargs)
-        def cotangents(g): return [leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(_cotangent_like(value, g)))]
+        door = _door(value)                       # the pullback keeps the result's shape, not its arrays
+        def cotangents(g): return [leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(door(g)))]
         return value, _split_chain(cotangents, len(xs))
     def structured_vwc(*leaves, rebuild, kwargs):
         args = rebuild(leaves)
         value, pb = value_and_pullback(args, kwargs)
-        def cotangents(g): return [c for per_arg in _arg_cotangents(name, args, pb(_cotangent_like(value, g))) for c in per_arg]
+        door = _door(value)
+        def cotangents(g): return [c for per_arg in _arg_cotangents(name, args, pb(door(g))) for c in per_arg]
         return value, _split_chain(cotangents, len(leaves))
     vwc.__doc__ = vjp.__doc__
     fn = CustomFunction(name, vwc, forward=forward)
