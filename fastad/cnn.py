@@ -11,10 +11,11 @@ __all__ = ['PADDINGS', 'conv2d', 'max_pool2d', 'softmax_cross_entropy', 'windows
 import math, numbers
 import numpy as np
 from . import backend
-from .backend import array_module, asarray, default_rng, get_backend, zeros
+from .backend import array_module, asarray, default_rng, get_backend, is_array, zeros
 from .errors import ArgumentError, ShapeError
 from .layers import Layer
-from .primitives import defvwc
+from .primitives import Primitive, defvwc
+from .engine import Traced, unbox
 from .transforms import value_with_pullback
 from .tree import nondifferentiable, stores_its_fields
 
@@ -114,6 +115,55 @@ def _filter_cotangent(x, g, size, strides):
     met = [strips[i:i + (oh - 1) * sh + 1:sh].reshape(-1, kw * c) for i in range(kh)]   # row i met image rows i, i + sh, ...
     return np.stack([m.T @ g for m in met]).reshape(kh, kw, c, o)
 
+# Convolution is bilinear: y = B(x, filter). Its two cotangents are bilinear too, and each one's derivative is one
+# of the three again, so three primitives whose pullbacks call each other differentiate to any order (a gradient
+# penalty differentiates conv2d twice). Each computes its value with plain NumPy on plain arrays; a value traced
+# at an outer level (a higher order) is handed to the primitive itself, which records it on that level.
+
+def _conv_value(x, filter, *, strides, amounts):
+    "B(x, filter): (padded) `x` correlated with `filter`."
+    return _correlate(_pad(x, amounts), filter, strides)
+
+def _conv_dx_value(g, filter, *, shape, strides, amounts):
+    "The cotangent of `x` (of `shape`) from the output's `g`: `g` spread out to the strides, correlated with the flipped filter."
+    kh, kw, c, o = filter.shape
+    n, oh, ow, _ = g.shape
+    (top, bottom), (left, right) = amounts
+    hp, wp = shape[1] + top + bottom, shape[2] + left + right
+    spread = array_module(g).zeros((n, hp + kh - 1, wp + kw - 1, o), dtype=g.dtype)
+    spread[:, kh - 1:kh + (oh - 1) * strides[0]:strides[0], kw - 1:kw + (ow - 1) * strides[1]:strides[1]] = g
+    flipped = filter[::-1, ::-1].transpose(0, 1, 3, 2)      # (kh, kw, o, c)
+    return _correlate(spread, flipped, (1, 1))[:, top:top + shape[1], left:left + shape[2]]
+
+def _conv_dfilter_value(x, g, *, size, strides, amounts):
+    "The cotangent of the filter (of `size`) from the output's `g`, rebuilt from `x`: no window rows kept."
+    return _filter_cotangent(_pad(x, amounts), g, size, strides)
+
+def _conv_vwc(x, filter, *, strides, amounts):
+    "B(x, filter), the bias-free convolution."
+    shape, size = np.shape(x), np.shape(filter)[:2]
+    return _conv(x, filter, strides=strides, amounts=amounts), (
+        lambda g: _conv_dx(g, filter, shape=shape, strides=strides, amounts=amounts),
+        lambda g: _conv_dfilter(x, g, size=size, strides=strides, amounts=amounts))
+
+def _conv_dx_vwc(g, filter, *, shape, strides, amounts):
+    "B's cotangent in x, linear in `g` and in `filter`: <h, dx(g, filter)> = <B(h, filter), g>."
+    size = np.shape(filter)[:2]
+    return _conv_dx(g, filter, shape=shape, strides=strides, amounts=amounts), (
+        lambda h: _conv(h, filter, strides=strides, amounts=amounts),
+        lambda h: _conv_dfilter(h, g, size=size, strides=strides, amounts=amounts))
+
+def _conv_dfilter_vwc(x, g, *, size, strides, amounts):
+    "B's cotangent in the filter, linear in `x` and in `g`: <k, dfilter(x, g)> = <B(x, k), g>."
+    shape = np.shape(x)
+    return _conv_dfilter(x, g, size=size, strides=strides, amounts=amounts), (
+        lambda k: _conv_dx(g, k, shape=shape, strides=strides, amounts=amounts),
+        lambda k: _conv(x, k, strides=strides, amounts=amounts))
+
+_conv = Primitive('conv2d', _conv_vwc, forward=_conv_value)
+_conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value)
+_conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value)
+
 @defvwc(name='conv2d')
 def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
     "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
@@ -122,19 +172,14 @@ def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
     if bias is not None and np.shape(bias) != (o,):
         raise ShapeError(f"conv2d: bias must have shape ({o},), one per output channel of the filter {filter.shape}; "
                          f"got {np.shape(bias)}")
-    def dx(g):
-        n, oh, ow, _ = g.shape
-        (top, bottom), (left, right) = amounts
-        hp, wp = x.shape[1] + top + bottom, x.shape[2] + left + right
-        spread = array_module(g).zeros((n, hp + kh - 1, wp + kw - 1, o), dtype=g.dtype)
-        spread[:, kh - 1:kh + (oh - 1) * strides[0]:strides[0], kw - 1:kw + (ow - 1) * strides[1]:strides[1]] = g
-        flipped = filter[::-1, ::-1].transpose(0, 1, 3, 2)      # (kh, kw, o, c)
-        return _correlate(spread, flipped, (1, 1))[:, top:top + x.shape[1], left:left + x.shape[2]]
-    def dfilter(g): return _filter_cotangent(_pad(x, amounts), g, (kh, kw), strides)   # rebuilt from x: no rows kept
+    shape = np.shape(x)
+    def dx(g): return _conv_dx(g, filter, shape=shape, strides=strides, amounts=amounts)
+    def dfilter(g): return _conv_dfilter(x, g, size=(kh, kw), strides=strides, amounts=amounts)   # rebuilt from x
     def dbias(g):                                       # summed over every pixel of every image, as a product with
-        g = g.reshape(-1, o)                            # ones: BLAS adds up short rows many times faster than sum(0)
+        if not is_array(g): return g.reshape(-1, o).sum(0)   # ones: BLAS adds up short rows many times faster than
+        g = g.reshape(-1, o)                                 # sum(0); a traced g (a higher order) just sums
         return array_module(g).ones(g.shape[0], dtype=g.dtype) @ g
-    y = _correlate(_pad(x, amounts), filter, strides)
+    y = _conv(x, filter, strides=strides, amounts=amounts)
     return (y, (dx, dfilter)) if bias is None else (y + bias, (dx, dfilter, dbias))
 
 conv2d = conv2d_vwc.primitive
@@ -148,12 +193,12 @@ def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
     shape = np.shape(x)
     _check_nhwc(op, shape)
     amounts = tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (ph, pw), (sh, sw)))
+    traced, x = x, unbox(x)                             # a value traced at an outer level: the winners from its value
     padded = _pad(x, amounts, -np.inf)
     padded_shape = padded.shape
     oh, ow = (padded_shape[1] - ph) // sh + 1, (padded_shape[2] - pw) // sw + 1
-    def at(k):                                          # the pixel at position k (row by row) of every window
-        i, j = divmod(k, pw)
-        return slice(None), slice(i, i + oh * sh, sh), slice(j, j + ow * sw, sw)
+    geometry = (shape, amounts, padded_shape, (ph, pw), (sh, sw), (oh, ow))
+    def at(k): return _at(k, geometry)
     y = padded[at(0)].copy()                            # (n, oh, ow, c): the best so far, and where it was
     winner = array_module(x).zeros(y.shape, dtype=np.uint8 if ph * pw <= 256 else np.int32)   # saved small: a byte per output
     for k in range(1, ph * pw):
@@ -163,16 +208,47 @@ def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
         winner = np.maximum(winner, better * winner.dtype.type(k))    # k only grows: where it wins, it is the largest
     if bool(np.isnan(y).any()):                         # a NaN wins its window (the first NaN), as argmax has it
         winner = np.argmax(np.stack([padded[at(k)] for k in range(ph * pw)]), axis=0).astype(winner.dtype)
-    def chain(g):
-        dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
-        for k in range(ph * pw):                        # position k of every window at once: a strided slice of dx
-            if sh >= ph and sw >= pw: dx[at(k)] = (winner == k) * g     # windows apart: a pixel is in one at most
-            else: dx[at(k)] += (winner == k) * g                        # overlapping windows: a pixel's wins add up
-        (top, _), (left, _) = amounts
-        return dx[:, top:top + shape[1], left:left + shape[2]]
+    if type(traced) is Traced: y = _pool_gather(traced, winner=winner, geometry=geometry)   # recorded on its level
+    def chain(g): return _pool_scatter(g, winner=winner, geometry=geometry)
     return y, chain
 
 max_pool2d = max_pool2d_vwc.primitive
+
+# The pullback is linear in the cotangent: it scatters each output's cotangent to its winner. Its own derivative
+# gathers from the winners, and the gather's derivative scatters again: two primitives whose pullbacks call each
+# other, so max pooling differentiates to any order (the winners stay fixed, as for any piecewise-linear function).
+
+def _at(k, geometry):
+    "The pixel at position k (row by row) of every window: one strided slice of the padded image."
+    _, _, _, (ph, pw), (sh, sw), (oh, ow) = geometry
+    i, j = divmod(k, pw)
+    return slice(None), slice(i, i + oh * sh, sh), slice(j, j + ow * sw, sw)
+
+def _pool_scatter_value(g, *, winner, geometry):
+    "Each output's cotangent `g` sent to the pixel that won its window."
+    shape, ((top, _), (left, _)), padded_shape, (ph, pw), (sh, sw), _ = geometry
+    dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
+    for k in range(ph * pw):                            # position k of every window at once: a strided slice of dx
+        if sh >= ph and sw >= pw: dx[_at(k, geometry)] = (winner == k) * g     # windows apart: a pixel is in one at most
+        else: dx[_at(k, geometry)] += (winner == k) * g                        # overlapping windows: a pixel's wins add up
+    return dx[:, top:top + shape[1], left:left + shape[2]]
+
+def _pool_gather_value(x, *, winner, geometry):
+    "The value of NHWC `x` at each window's winner: max pooling with the winners known."
+    _, amounts, _, (ph, pw), _, _ = geometry
+    padded = _pad(x, amounts)                           # a winner is never padding: what it is padded with is moot
+    out = padded[_at(0, geometry)]
+    for k in range(1, ph * pw): out = np.where(winner == k, padded[_at(k, geometry)], out)   # select, never multiply
+    return out
+
+def _pool_scatter_vwc(g, *, winner, geometry):
+    return _pool_scatter(g, winner=winner, geometry=geometry), lambda h: _pool_gather(h, winner=winner, geometry=geometry)
+
+def _pool_gather_vwc(x, *, winner, geometry):
+    return _pool_gather(x, winner=winner, geometry=geometry), lambda g: _pool_scatter(g, winner=winner, geometry=geometry)
+
+_pool_scatter = Primitive('max_pool2d_scatter', _pool_scatter_vwc, unary=True, forward=_pool_scatter_value)
+_pool_gather = Primitive('max_pool2d_gather', _pool_gather_vwc, unary=True, forward=_pool_gather_value)
 
 # %% ../nbs/05a_cnn_layers.ipynb #79212a39
 def _check_labels(op, logits, labels):
@@ -287,7 +363,8 @@ class Flatten(Layer):
     "Each example's values in one row: (batch, ...) -> (batch, features); the batch axis stays."
     def forward(self, x):
         if np.ndim(x) < 1: raise ShapeError(f"Flatten: the input needs a batch axis, got a scalar")
-        return x.reshape(np.shape(x)[0], -1)
+        shape = np.shape(x)                             # the size, not -1: NumPy cannot infer it for a batch of 0
+        return x.reshape(shape[0], math.prod(shape[1:]))
 
 # %% ../nbs/05a_cnn_layers.ipynb #548dc863
 def applied_for_backpropagation(model, x):
