@@ -99,7 +99,11 @@ def test_array_module_of_mixed_arguments():
     assert B.array_module(np.ones(2), 1.0) is np
     with B.use_backend('strict') as strict: assert B.array_module(np.ones(2), B.ones(2)) is strict
 
-def test_synchronize_is_harmless_on_cpu(any_backend): B.synchronize()
+def test_synchronize_on_cpu_waits_for_nothing_and_loads_no_cupy(any_backend):
+    "With no GPU in use it returns at once, without importing CuPy (which would start a CUDA context)."
+    had_cupy = 'cupy' in sys.modules
+    assert B.synchronize() is None
+    assert ('cupy' in sys.modules) == had_cupy
 
 def test_public_names_are_exported():
     for name in ('set_backend', 'use_backend', 'get_backend', 'use_gpu', 'gpu_available', 'to_host', 'to_device'):

@@ -10,18 +10,16 @@ from fastad.errors import FastADError, DifferentiationError
 
 def close(a, b, tol=1e-9): np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tol, atol=tol)
 
-def right_or_refused(f, expected):
-    "Either the right gradient, or a clear fastad error: never a silently wrong number."
-    try: g = f()
-    except FastADError: return
-    close(g, expected)
+def refused_as_complex(f):
+    "A complex intermediate is refused with a fastad error that says so: never a silently wrong number."
+    with pytest.raises(DifferentiationError, match='complex'): f()
 
 # --- complex intermediates --------------------------------------------------------------------------------------
 def test_complex_product_then_abs():
-    right_or_refused(lambda: fd.gradient(lambda x: np.abs(x * (1 + 1j)), 2.0), np.sqrt(2))
+    refused_as_complex(lambda: fd.gradient(lambda x: np.abs(x * (1 + 1j)), 2.0))
 
 def test_astype_complex_then_abs():
-    right_or_refused(lambda: fd.gradient(lambda x: np.abs(x.astype(complex) * (1 + 1j)).sum(), np.array([2.0])), [np.sqrt(2)])
+    refused_as_complex(lambda: fd.gradient(lambda x: np.abs(x.astype(complex) * (1 + 1j)).sum(), np.array([2.0])))
 
 # --- custom derivatives and trace levels ----------------------------------------------------------------------------
 def safe_log_vjp(x): return np.log(x), lambda g: g / np.maximum(x, 1e-3)
