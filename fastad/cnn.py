@@ -229,8 +229,8 @@ def _pool_scatter_value(g, *, winner, geometry):
     shape, ((top, _), (left, _)), padded_shape, (ph, pw), (sh, sw), _ = geometry
     dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
     for k in range(ph * pw):                            # position k of every window at once: a strided slice of dx
-        if sh >= ph and sw >= pw: dx[_at(k, geometry)] = (winner == k) * g     # windows apart: a pixel is in one at most
-        else: dx[_at(k, geometry)] += (winner == k) * g                        # overlapping windows: a pixel's wins add up
+        if sh >= ph and sw >= pw: dx[_at(k, geometry)] = np.where(winner == k, g, 0)    # windows apart: a pixel is in one at most
+        else: dx[_at(k, geometry)] += np.where(winner == k, g, 0)                     # overlapping: a pixel's wins add up
     return dx[:, top:top + shape[1], left:left + shape[2]]
 
 def _pool_gather_value(x, *, winner, geometry):

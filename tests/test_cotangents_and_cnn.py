@@ -198,3 +198,12 @@ def test_an_empty_batch_through_a_cnn():
     assert y.shape == (0, 8)
     d_layers, d_x = pb(np.zeros((0, 8), np.float32))
     assert d_x.shape == (0, 4, 4, 1) and d_layers[0].filter.shape == (3, 3, 1, 2)
+
+def test_max_pool_sends_an_infinite_cotangent_to_the_winner_only():
+    "Masks select, never multiply: the losers of a window get 0, not 0 * inf = nan."
+    from fastad.cnn import max_pool2d
+    x = np.arange(16.).reshape(1, 4, 4, 1)
+    with np.errstate(divide='ignore'):
+        g = fd.gradient(lambda x: (1 / (max_pool2d(x) - np.array([5., 7., 13., 15.]).reshape(1, 2, 2, 1))).sum(), x)
+    assert not np.isnan(g).any()
+    assert np.isinf(g[0, 1::2, 1::2, 0]).all() and (g[0, 0::2] == 0).all() and (g[0, :, 0::2] == 0).all()
