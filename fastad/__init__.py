@@ -17,5 +17,5 @@ from .layers import Layer, Dense, sequenced, mse, SGD
 from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy, applied_for_backpropagation
 from .drawing import draw, tape_of, Tape
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
-                            ActivationDiscarding, checkpoint_sequential)
+                            ActivationDiscarding, checkpoint_sequential, BudgetWarning)
 from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory, drawing

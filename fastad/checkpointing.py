@@ -4,42 +4,80 @@
 
 # %% auto #0
 __all__ = ['random_state', 'replaying', 'make_recomputed_in_gradient', 'with_recomputation_in_pullbacks', 'ActivationDiscarding',
-           'segment', 'CheckpointedSequence', 'even_segments', 'CheckpointPlan', 'checkpoint_sequential', 'LayerCost',
-           'measure_layers', 'estimate', 'plan_for_budget']
+           'segment', 'CheckpointedSequence', 'even_segments', 'BudgetWarning', 'CheckpointPlan',
+           'checkpoint_sequential', 'LayerCost', 'measure_layers', 'estimate', 'plan_for_budget']
 
 # %% ../nbs/05_checkpointing.ipynb #868fa80f
-import random
+import ctypes, random, threading
 import numpy as np
-from . import backend, engine
+from . import backend, engine, transforms
 from .errors import ArgumentError, DifferentiationError
 from .primitives import Primitive
-from .transforms import value_with_pullback, differentiable_function, _cotangent_like, _split_chain
-from .tree import flatten
+from .transforms import (value_with_pullback, differentiable_function, _Parts, _zeros_like, _split_chain,
+                               _refuse_foreign_traces)
+from .tree import flatten, is_container
 
 # %% ../nbs/05_checkpointing.ipynb #4639f9ff
-def _snapshot(g):
-    "A function that puts generator `g` back in the state it is in now."
+def _state_of(g):
+    "`(get, put, moved)` for generator `g`: read its state, put a state back, and has it drawn since a state?"
     if isinstance(g, np.random.Generator):
-        state = g.bit_generator.state                    # a fresh dict: later draws don't change it
-        return lambda: setattr(g.bit_generator, 'state', state)
-    if isinstance(g, np.random.RandomState):
-        state = g.get_state()
-        return lambda: g.set_state(state)
-    if isinstance(g, random.Random):
-        state = g.getstate()
-        return lambda: g.setstate(state)
-    if type(g).__module__ == 'fastad.strict': return _snapshot(g._g)   # the strict backend wraps a NumPy Generator
+        bits = g.bit_generator                           # `state` is a fresh dict: later draws don't change it
+        get = lambda: bits.state
+        return get, (lambda s: setattr(bits, 'state', s)), (lambda s: not _same(get(), s))
+    if isinstance(g, np.random.RandomState): return g.get_state, g.set_state, _legacy_moved(g)
+    if isinstance(g, random.Random): return g.getstate, g.setstate, (lambda s: g.getstate() != s)  # numbers only
+    if type(g).__module__ == 'fastad.strict': return _state_of(g._g)   # the strict backend wraps a NumPy Generator
     cuda_states = getattr(getattr(g, 'bit_generator', None), '_state', None)
     if cuda_states is not None:                          # CuPy: cuRAND's states, a device array its kernels update in place
-        saved = cuda_states.copy()
-        return lambda: cuda_states.__setitem__(Ellipsis, saved)
+        return cuda_states.copy, (lambda s: cuda_states.__setitem__(Ellipsis, s)), (lambda s: not _same(cuda_states, s))
     raise ArgumentError(f"random_state: cannot save the state of a {type(g).__name__}; pass NumPy or CuPy "
                         f"Generators, a numpy.random.RandomState, or a random.Random")
+
+def _same(a, b):
+    "Are two generator states equal? They mix numbers, strings, tuples, dicts and arrays."
+    if isinstance(a, dict): return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)): return len(a) == len(b) and all(_same(u, v) for u, v in zip(a, b))
+    if hasattr(a, 'shape'): return a.shape == b.shape and bool((a == b).all())
+    return a == b
+
+_WORDS = {}                               # NumPy's global RandomState -> its MT19937 state read in place, or None
+
+def _legacy_moved(g):
+    """`moved` for a `RandomState`. Its `get_state` takes ~35 µs, so for NumPy's global one (every checkpointed
+    call checks it) we look at its MT19937 state (624 words, then the position) in place, through the bit
+    generator's ctypes interface, checked once against `get_state`. A cached Gaussian (`has_gauss`, outside that
+    state) can be drawn without moving it: then, and for other RandomStates, `get_state` tells."""
+    words = None
+    if g is np.random.mtrand._rand:
+        if not _WORDS:
+            state = g.get_state()
+            try:
+                address = g._bit_generator.ctypes.state_address
+                words = np.ctypeslib.as_array((ctypes.c_uint32 * 625).from_address(address))
+                if not (np.array_equal(words[:624], state[1]) and words[624] == state[2]): words = None
+            except (AttributeError, TypeError, ValueError): words = None
+            _WORDS[id(g)] = words
+        words = _WORDS[id(g)]
+    def moved(s):                                        # s: ('MT19937', words, position, has_gauss, gauss)
+        if words is None or s[3]: return not _same(g.get_state(), s)
+        return words[624] != s[2] or not np.array_equal(words[:624], s[1])
+    return moved
+
+class _Saved:
+    "Generator `g` and its state at one moment: `restore()` puts it back there, `moved()` says if it has drawn since."
+    __slots__ = ('g', 'put', 'moved_since', 'state')
+    def __init__(self, g):
+        self.g = g
+        get, self.put, self.moved_since = _state_of(g)
+        self.state = get()
+    def restore(self): self.put(self.state)
+    def moved(self): return self.moved_since(self.state)
 
 def _global_generators():
     "fastad's generator for the active backend (made now if it doesn't exist yet), NumPy's legacy one, Python's."
     name = backend.get_backend()
-    ours = backend._rng.setdefault(name, backend.default_rng())     # as random_normal would make it on first use
+    ours = backend._rng.get(name)
+    if ours is None: ours = backend._rng.setdefault(name, backend.default_rng())   # as random_normal would make it
     others = [g for n, g in backend._rng.items() if n != name]
     return [ours, *others, np.random.mtrand._rand, random._inst]
 
@@ -47,26 +85,120 @@ def random_state(generators=()):
     """A snapshot of the random generators a recomputed region may draw from: fastad's own (one per backend,
     used by `random_normal` and the layers' initialisers), NumPy's legacy global one (`np.random.rand`, ...),
     Python's `random`, and the `generators` you pass (your own `np.random.default_rng(...)`, say)."""
-    gens = [*_global_generators(), *generators]
-    return [(g, _snapshot(g)) for g in gens]
+    return [_Saved(g) for g in [*_global_generators(), *generators]]
+
+_REPLAYS = threading.RLock()        # replays take turns: two threads rewinding one generator would mix their draws
 
 class replaying:
-    "Context manager: every generator of `snapshot` starts where it was then, and is put back as it is now afterwards."
+    """Context manager: every generator of `snapshot` starts where it was then, and is put back as it is now
+    afterwards. Replays take turns (a lock), so threads replaying the same generator each draw their own numbers."""
     def __init__(self, snapshot): self.snapshot = snapshot
     def __enter__(self):
-        self.now = [_snapshot(g) for g, _ in self.snapshot]
-        for _, restore in self.snapshot: restore()
+        if not self.snapshot: return                     # nothing to replay: no turn to wait for
+        _REPLAYS.acquire()
+        try:
+            self.now = [_Saved(s.g) for s in self.snapshot]
+            for s in self.snapshot: s.restore()
+        except BaseException:
+            _REPLAYS.release()
+            raise
     def __exit__(self, *exc):
-        for restore in self.now: restore()
+        if not self.snapshot: return
+        try:
+            for s in self.now: s.restore()
+        finally: _REPLAYS.release()
 
 # %% ../nbs/05_checkpointing.ipynb #b7f1e67b
-def _leaf_cotangents(f, args, kwargs, g):
-    "Run `f(*args)` again, this time on a tape, and pull `g` back: the cotangents of the leaves of `args`."
+def _recomputed(f, args, kwargs, g):
+    "Run `f(*args)` again, this time on a tape, and pull `g` back: its value, and the cotangents of the leaves of `args`."
     leaves, rebuild = flatten(args, arguments=True, static_ok=True)
-    if not leaves: return []
-    _, pb = value_with_pullback(lambda *ls: f(*rebuild(ls), **kwargs), *leaves)
+    if not leaves: return None, []
+    value, pb = value_with_pullback(lambda *ls: f(*rebuild(ls), **kwargs), *leaves)
     cts = pb(g)
-    return list(cts) if len(leaves) > 1 else [cts]
+    return value, (list(cts) if len(leaves) > 1 else [cts])
+
+def _innermost(x):
+    while type(x) is engine.Traced: x = x.value
+    return x
+
+def _cotangent_maker(value):
+    """`g -> _cotangent_like(value, g)` that keeps of `value` only its structure, shapes and dtypes (a one-element
+    zero per array), not its arrays: a recomputed function's pullback holds its inputs and nothing more.
+    None for a result that is one value: its cotangent needs nothing."""
+    if not is_container(value): return None
+    leaves, rebuild = flatten(value, static_ok=True)
+    specs = [(np.zeros_like(l, shape=()), np.shape(l)) if np.ndim(l) else (l, None) for l in map(_innermost, leaves)]
+    def like(g):
+        if type(g) is not _Parts: return g
+        return rebuild([c if c is not None else _zeros_like(z) if shape is None else np.zeros_like(z, shape=shape)
+                        for (z, shape), c in zip(specs, g.cts)])
+    return like
+
+def _leaves(x): return flatten(x, static_ok=True)[0] if is_container(x) else (x,)
+
+def _fingerprint(value):
+    """A few numbers for each array of `value` (its sum and the sum of its magnitudes, left on the device), to
+    check its recomputation by without keeping it: by the time the backward pass recomputes a segment, the next
+    one, which kept its output, may have been freed."""
+    out = []
+    for leaf in map(_innermost, _leaves(value)):
+        if getattr(leaf, 'dtype', None) is None or not getattr(leaf, 'size', 0): out.append(None)   # numbers: not checked
+        else: out.append((leaf.sum(), abs(leaf).sum(), leaf.size, leaf.dtype))
+    return out
+
+def _check_replayed(name, fingerprint, again):
+    "Raise if the recomputed value `again` differs from the forward pass's, as far as their fingerprints tell."
+    for before, after in zip(fingerprint, _fingerprint(again)):
+        if before is None or after is None: continue
+        (total, size, n, dtype), (total2, size2) = before, after[:2]
+        diff, scale = max(abs(float(total2 - total)), abs(float(size2 - size))), float(size)
+        # Sums of the same operations' results agree but for rounding (a rule's VJP may round differently from
+        # its function): allow for that, far below what a different random draw changes.
+        tol = 64 * np.finfo(dtype).eps * (1 + np.log2(n)) * scale if dtype.kind == 'f' else 0
+        if diff > tol:                                   # (NaN: nothing to judge by)
+            raise DifferentiationError(
+                f"{name}: recomputed in the backward pass, it gave a different value from the forward pass (its "
+                f"sum differs by {diff:.3g}), so its gradient would be wrong. It draws random numbers from a "
+                f"generator the replay does not know: pass it as generators=[rng] (to make_recomputed_in_gradient, "
+                f"with_recomputation_in_pullbacks, discarding_activations or checkpoint_sequential), or draw from "
+                f"fastad's generator (random_normal)")
+
+def _rules_in_force():
+    "The derivatives registered now (`derivative`): {id(of): (its redirection, its registrations)}."
+    if not transforms._REDIRECTIONS: return {}          # the usual case, read without the lock
+    with transforms._LOCK: return {k: (r, tuple(r.stack)) for k, r in transforms._REDIRECTIONS.items()}
+
+def _top(entry): return entry[1][-1] if entry else None
+
+def _switch(key, old, new):
+    "Put the registrations of entry `new` in force (none: the function as it is) in place of those of entry `old`."
+    if old is not None: old[0].restore()
+    if new is None: transforms._REDIRECTIONS.pop(key, None)
+    else:
+        r, stack = new
+        r.stack = list(stack)
+        r.install(stack[-1].function)
+        transforms._REDIRECTIONS[key] = r
+
+class _rules_of:
+    """Context manager: the derivatives of `rules` (from `_rules_in_force`) are in force inside, those in force now
+    again afterwards. Where they differ, the registry stays locked meanwhile (after the replay lock: one order)."""
+    def __init__(self, rules): self.rules, self.changes = rules, None
+    def __enter__(self):
+        if not self.rules and not transforms._REDIRECTIONS: return
+        _REPLAYS.acquire(); transforms._LOCK.acquire()
+        now = _rules_in_force()
+        self.changes = [(k, now.get(k), self.rules.get(k)) for k in {*now, *self.rules}
+                        if _top(now.get(k)) is not _top(self.rules.get(k))]
+        if not self.changes: return self.__exit__()
+        for k, old, new in self.changes: _switch(k, old, new)
+    def __exit__(self, *exc):
+        if self.changes is None: return
+        try:
+            for k, old, new in self.changes: _switch(k, new, old)
+        finally:
+            self.changes = None
+            transforms._LOCK.release(); _REPLAYS.release()
 
 def make_recomputed_in_gradient(f, generators=()):
     """`f`, except that when it is differentiated its pullback runs `f` again instead of keeping the values
@@ -74,23 +206,34 @@ def make_recomputed_in_gradient(f, generators=()):
 
     Use it around a block whose activations are large and cheap to compute (a layer, a few layers). `f` takes
     any number of arguments (arrays, models, structures; keyword arguments are passed along, not differentiated).
+    The recomputation runs under the derivatives registered (`derivative`) when `f` ran forward.
     Random draws inside `f` repeat exactly when it is recomputed: fastad's, NumPy's and Python's global
-    generators, and the ones in `generators`, are replayed from their state at the first run.
+    generators, and the ones in `generators`, are replayed from their state at the first run (those `f` drew
+    from). A draw from another generator makes the recomputation differ: where the forward pass's value is still
+    kept, that is an error naming `generators=`. Replays take turns across threads; while one runs, the
+    generators it replays are rewound, so another thread drawing from the same global generator meanwhile gets
+    the replayed numbers and its draws are undone afterwards: give each thread a generator of its own.
 
     >>> square = make_recomputed_in_gradient(lambda x: x * x)
     >>> fastad.gradient(lambda x: square(np.cos(x)), 10.0)   # square runs twice: forward, then again backward
     """
     if not callable(f): raise DifferentiationError(f"make_recomputed_in_gradient: f must be a function, not a {type(f).__name__}")
     name = getattr(f, '__name__', type(f).__name__)
+    generators = tuple(generators)
+    for g in generators: _state_of(g)                    # an unsupported generator is refused now
 
     def recomputed_vjp(*args, **kwargs):
         "f's value, computed on plain values (nothing taped, nothing saved), and a pullback that runs f again."
-        state = random_state(generators)
+        snapshot, rules = random_state(generators), _rules_in_force()
         value = f(*args, **kwargs)
+        _refuse_foreign_traces(name, value, args)        # a traced value reached through a closure: refused now
+        drawn = [s for s in snapshot if s.moved()]       # only the generators f drew from are kept, to replay
+        like, fingerprint = _cotangent_maker(value), _fingerprint(value)
         def leaf_cotangents(g):
             log = engine._log.get()                        # the trace_primitives log open here, if any
             if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f
-            with replaying(state): cts = _leaf_cotangents(f, args, kwargs, _cotangent_like(value, g))
+            with replaying(drawn), _rules_of(rules): again, cts = _recomputed(f, args, kwargs, like(g) if like else g)
+            _check_replayed(name, fingerprint, again)
             return cts
         return value, leaf_cotangents
 
@@ -116,7 +259,7 @@ def with_recomputation_in_pullbacks(x, body, generators=()):
     return make_recomputed_in_gradient(body, generators)(x)
 
 # %% ../nbs/05_checkpointing.ipynb #7c138b12
-import functools, numbers
+import contextlib, functools, gc, numbers, tracemalloc, warnings
 from typing import NamedTuple
 from fastcore.basics import patch
 from .engine import unbox, trace_primitives
@@ -127,27 +270,35 @@ from .tree import nondifferentiable
 # %% ../nbs/05_checkpointing.ipynb #559cf6ac
 _APPLY = {}                                              # one recomputed `layer(x)` per layer class
 
-def _recomputed_application(cls):
+def _recomputed_application(cls, generators=()):
     "`layer(x)` for a layer of class `cls`, recomputed in the backward pass, and logged under the class's name."
-    if cls not in _APPLY:
+    if generators or cls not in _APPLY:
         def apply(layer, x): return layer(x)
         apply.__name__ = apply.__qualname__ = cls.__name__
+        if generators: return make_recomputed_in_gradient(apply, generators)   # made per call: a generator is not kept
         _APPLY[cls] = make_recomputed_in_gradient(apply)
     return _APPLY[cls]
 
 class ActivationDiscarding(Layer):
     """A layer wrapper: `wrapped`'s activations are discarded when it is applied and recomputed in the backward
-    pass. Its pullback keeps only the input (and the wrapped layer's parameters, which are there anyway)."""
+    pass. Its pullback keeps only the input (and the wrapped layer's parameters, which are there anyway).
+    `generators`: random generators of your own that `wrapped` draws from, replayed by the recomputation."""
     wrapped: Layer
+    generators: tuple = nondifferentiable(())
     def __post_init__(self):
         if not callable(self.wrapped):
             raise ArgumentError(f"ActivationDiscarding: wrapped must be a layer, not a {type(self.wrapped).__name__}")
-    def forward(self, x): return _recomputed_application(type(self.wrapped))(self.wrapped, x)
+        if not isinstance(self.generators, (tuple, list)):
+            raise ArgumentError(f"ActivationDiscarding: generators must be a list of random generators, not a "
+                                f"{type(self.generators).__name__}")
+        for g in self.generators: _state_of(g)
+    def forward(self, x): return _recomputed_application(type(self.wrapped), tuple(self.generators))(self.wrapped, x)
 
 @patch
-def discarding_activations(self: Layer):
-    "This layer, with its activations recomputed in the backward pass instead of kept: `ActivationDiscarding(self)`."
-    return ActivationDiscarding(wrapped=self)
+def discarding_activations(self: Layer, generators=()):
+    """This layer, with its activations recomputed in the backward pass instead of kept: `ActivationDiscarding(self)`.
+    Pass the random generators of your own that it draws from as `generators`, to replay them."""
+    return ActivationDiscarding(wrapped=self, generators=tuple(generators))
 
 # %% ../nbs/05_checkpointing.ipynb #45876802
 def _run(layers, x): return sequenced(x, through=list(layers))
@@ -166,7 +317,7 @@ class CheckpointedSequence(Layer):
     def forward(self, x):
         for start, stop, recomputed in self.plan.segments_for(self.layers, x):
             part = self.layers[start:stop]
-            x = _run_recomputed(part, x) if recomputed else _run(part, x)
+            x = self.plan.recomputed(part, x) if recomputed else _run(part, x)
         return x
 
 def even_segments(n, k):
@@ -175,25 +326,55 @@ def even_segments(n, k):
     starts = [sum(sizes[:i]) for i in range(k)]
     return [(s, s + size, True) for s, size in zip(starts, sizes)]
 
+class BudgetWarning(UserWarning):
+    "No checkpoint plan keeps a step within the memory budget: the plan with the smallest peak runs instead."
+
+def _input_key(x):
+    "What a budget plan depends on: the shapes and dtypes of the input's arrays."
+    return tuple((np.shape(l), str(getattr(l, 'dtype', type(l).__name__))) for l in flatten(_plain(x), static_ok=True)[0])
+
 class CheckpointPlan:
-    """Where a `CheckpointedSequence` checkpoints: fixed `segments`, or, for a `budget` in bytes, chosen on the
-    first call from each layer's measured memory (`costs`) and kept (one plan, shared by the model's copies)."""
-    def __init__(self, segments=None, budget=None, margin=None):
+    """Where a `CheckpointedSequence` checkpoints: fixed `segments`, or, for a `budget` in bytes, chosen from each
+    layer's measured memory (`costs`) on the first call with each input shape, and kept for that shape (one plan,
+    shared by the model's copies). `generators`: random generators of your own that the layers draw from."""
+    def __init__(self, segments=None, budget=None, margin=None, generators=()):
         self.segments, self.budget, self.margin, self.costs = segments, budget, margin, None
+        self.generators, self.plans = tuple(generators), {}
+        for g in self.generators: _state_of(g)
+        self.recomputed = make_recomputed_in_gradient(segment, self.generators) if self.generators else _run_recomputed
     def segments_for(self, layers, x):
-        if self.segments is None:
-            self.costs = measure_layers(layers, x)
-            self.segments = plan_for_budget(self.costs, self.budget, self.margin)
+        if self.budget is None: return self.segments
+        key = _input_key(x)
+        if key not in self.plans:
+            if len(self.plans) >= 8: self.plans.pop(next(iter(self.plans)))     # keep the plans of a few shapes
+            snapshot = random_state(self.generators)     # measuring runs the layers: their draws are taken back
+            try: costs = measure_layers(layers, x)
+            finally:
+                for s in snapshot: s.restore()
+            self.plans[key] = costs, self._plan(costs, key)
+        self.costs, self.segments = self.plans[key]
         return self.segments
+    def _plan(self, costs, key):
+        margin = _margin(costs) if self.margin is None else self.margin
+        segments = _best_plan(costs, self.budget, margin)
+        if segments is None:
+            segments, peak = _smallest_peak(costs, margin)
+            shapes = ', '.join(str(s) for s, _ in key)
+            warnings.warn(f"checkpoint_sequential: no plan that recomputes each layer at most once fits in "
+                          f"{self.budget:,} bytes for an input of shape {shapes}; the smallest peak possible is about "
+                          f"{peak:,} bytes, and that plan runs. Give a larger budget or a smaller batch", BudgetWarning, 3)
+        return segments
     def __repr__(self):
         what = 'not planned yet' if self.segments is None else ', '.join(
             f"{s}:{e}{' recomputed' if r else ''}" for s, e, r in self.segments)
         return f"CheckpointPlan({what}{'' if self.budget is None else f'; budget {self.budget:,} bytes'})"
 
-def checkpoint_sequential(layers, segments=None, budget=None):
+def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
     """A layer running `layers` in turn, with checkpoints: `segments=k` splits them into `k` even segments, each
     recomputed in the backward pass (k ≈ √n keeps about 2√n activations instead of n); `budget=bytes` measures
-    the layers on the first call and recomputes the fewest layers that keep the step's peak under the budget.
+    the layers on the first call with each input shape and recomputes the fewest layers that keep the step's peak
+    under the budget (a `BudgetWarning` when none can). `generators`: random generators of your own that the
+    layers draw from, replayed by the recomputation (fastad's, NumPy's and Python's global ones always are).
 
     >>> model = checkpoint_sequential([fastad.Dense(256, 256, np.tanh) for _ in range(32)], segments=6)
     >>> fastad.gradient(lambda m: m(x).sum(), model)      # a CheckpointedSequence, gradients in .layers"""
@@ -208,7 +389,10 @@ def checkpoint_sequential(layers, segments=None, budget=None):
             raise ArgumentError(f"checkpoint_sequential: {name} must be a whole number of 1 or more, got {v!r}")
     if segments is not None and segments > len(layers):
         raise ArgumentError(f"checkpoint_sequential: {segments} segments for {len(layers)} layers; use at most {len(layers)}")
-    plan = CheckpointPlan(segments=even_segments(len(layers), segments)) if segments else CheckpointPlan(budget=int(budget))
+    if not isinstance(generators, (tuple, list)):
+        raise ArgumentError(f"checkpoint_sequential: generators must be a list of random generators, not a {type(generators).__name__}")
+    plan = (CheckpointPlan(segments=even_segments(len(layers), segments), generators=generators) if segments
+            else CheckpointPlan(budget=int(budget), generators=generators))
     return CheckpointedSequence(layers=list(layers), plan=plan)
 
 # %% ../nbs/05_checkpointing.ipynb #29fcdf56
@@ -224,16 +408,29 @@ def _plain(x):
 
 def _nbytes(x): return sum(getattr(l, 'nbytes', 8) for l in flatten(x, static_ok=True)[0])
 
+@contextlib.contextmanager
+def _bytes_in_use():
+    """A function reading the bytes in use now: CuPy's through its memory pool (`MemoryMeter`), NumPy's through
+    tracemalloc, started only if nobody is tracing and never reset, so a caller's own tracing is left as it was."""
+    if backend.get_backend() == 'cupy':
+        with MemoryMeter() as m: yield m.used
+        return
+    gc.collect()                                         # arrays waiting in reference cycles would blur the readings
+    started = not tracemalloc.is_tracing()
+    if started: tracemalloc.start()
+    try: yield lambda: tracemalloc.get_traced_memory()[0]
+    finally:
+        if started: tracemalloc.stop()
+
 def measure_layers(layers, x):
     "Each layer's `LayerCost`, measured on one forward pass from `x`, layer by layer (kept out of any open log)."
     costs, x = [], _plain(x)
-    with trace_primitives():
+    with trace_primitives(), _bytes_in_use() as used:
         for layer in layers:
-            with MemoryMeter() as m:
-                before = m.used()
-                y, pb = value_with_pullback(lambda layer, x: layer(x), _plain(layer), x)
-                kept = m.used() - before
-                del pb
+            before = used()
+            y, pb = value_with_pullback(lambda layer, x: layer(x), _plain(layer), x)
+            kept = used() - before
+            del pb
             costs.append(LayerCost(_nbytes(y), max(kept - _nbytes(y), 0)))
             x = y
     return costs
@@ -288,24 +485,37 @@ def _pareto(front):
         if not kept or item[1] < kept[-1][1]: kept.append(item)
     return kept
 
-def plan_for_budget(costs, budget, margin=None):
-    """The segments [(start, stop, recomputed)] that recompute the fewest layers while `estimate` stays within
-    `budget`: exact among plans that recompute each layer at most once."""
-    if margin is None: margin = _margin(costs)
-    fronts = _fronts(tuple(costs))
-    for c in sorted(fronts):
-        fits = [item for item in fronts[c] if item[0] + item[1] + margin <= budget]
-        if fits: break
-    else:
-        least = min(item[0] + item[1] for front in fronts.values() for item in front) + margin
-        raise ArgumentError(f"checkpoint_sequential: no plan that recomputes each layer at most once fits in "
-                            f"{budget:,} bytes; the least such a plan needs is about {least:,}")
-    segments, e, item = [], len(costs), min(fits, key=lambda t: t[0] + t[1])
+def _segments_of(item, n):
+    "The segments [(start, stop, recomputed)] of a plan found by `_fronts`, over `n` layers."
+    segments, e = [], n
     while item[2] is not None:
         s, recomputed, item = item[2]
         segments.append((s, e, recomputed))
         e = s
     return _merged(segments[::-1])
+
+def _best_plan(costs, budget, margin):
+    "`plan_for_budget`'s plan, or None when none fits."
+    fronts = _fronts(tuple(costs))
+    for c in sorted(fronts):
+        fits = [item for item in fronts[c] if item[0] + item[1] + margin <= budget]
+        if fits: return _segments_of(min(fits, key=lambda t: t[0] + t[1]), len(costs))
+    return None
+
+def _smallest_peak(costs, margin):
+    "`(segments, peak)`: the plan with the smallest estimated peak, recomputing each layer at most once."
+    item = min((item for front in _fronts(tuple(costs)).values() for item in front), key=lambda t: t[0] + t[1])
+    return _segments_of(item, len(costs)), item[0] + item[1] + margin
+
+def plan_for_budget(costs, budget, margin=None):
+    """The segments [(start, stop, recomputed)] that recompute the fewest layers while `estimate` stays within
+    `budget`: exact among plans that recompute each layer at most once."""
+    if margin is None: margin = _margin(costs)
+    segments = _best_plan(costs, budget, margin)
+    if segments is None:
+        raise ArgumentError(f"checkpoint_sequential: no plan that recomputes each layer at most once fits in "
+                            f"{budget:,} bytes; the least such a plan needs is about {_smallest_peak(costs, margin)[1]:,}")
+    return segments
 
 def _merged(segments):
     "Adjacent stored layers as one stored segment (they run the same either way)."

@@ -120,12 +120,12 @@ def test_random_draws_repeat_so_gradients_are_exactly_the_plain_ones(kind):
 
 
 def test_an_explicit_generator_not_passed_in_is_not_replayed():
-    "The replay covers the generators it knows; a private one must be passed, or the recomputation draws anew."
+    "The replay covers the generators it knows; a private one must be passed, or the recomputation draws anew: an error."
     rng = np.random.default_rng(0)
     block = lambda x: x * rng.standard_normal(np.shape(x))
     x = np.ones(20)
     value, pb = fd.value_with_pullback(lambda x: fd.with_recomputation_in_pullbacks(x, block), x)
-    assert not np.array_equal(pb(np.ones(20)), value)      # a plain pullback would give exactly the noise
+    with pytest.raises(DifferentiationError, match=r'generators=\[rng\]'): pb(np.ones(20))   # the recomputation differs
 
 
 def test_the_backward_pass_leaves_the_generators_where_the_forward_pass_left_them():
@@ -302,5 +302,5 @@ def test_checkpoint_sequential_refuses_bad_input():
         with pytest.raises(ArgumentError, match=message): fd.checkpoint_sequential(layers, **kwargs)
     with pytest.raises(ArgumentError, match='layers must be a non-empty list'): fd.checkpoint_sequential([], segments=1)
     with pytest.raises(ArgumentError, match=r'layers\[1\] is a int'): fd.checkpoint_sequential([layers[0], 3], segments=1)
-    with pytest.raises(ArgumentError, match='no plan that recomputes each layer at most once fits in 10 bytes'):
-        fd.checkpoint_sequential(layers, budget=10)(np.ones((1, 2), dtype=np.float32))
+    with pytest.warns(fd.BudgetWarning, match='no plan that recomputes each layer at most once fits in 10 bytes'):
+        fd.checkpoint_sequential(layers, budget=10)(np.ones((1, 2), dtype=np.float32))   # runs the smallest-peak plan
