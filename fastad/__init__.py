@@ -10,10 +10,10 @@ from .engine import trace, trace_primitives
 from . import dispatch                    # registers the NumPy adapters in the engine's table
 from . import linalg                      # and those of numpy.linalg
 from .dispatch import put_along_axis, supported_functions
-from .tree import Differentiable, nondifferentiable
+from .tree import Differentiable, nondifferentiable, tree_map
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
-from .layers import Layer, Dense, sequenced, mse, SGD
+from .layers import Layer, Dense, Sequential, sequenced, mse, SGD, Adam
 from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy, applied_for_backpropagation
 from .drawing import draw, tape_of, Tape
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,

@@ -100,7 +100,7 @@ def _value_with_pullback(f, args, once=False):
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
         with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
-        grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)])
+        grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)], construct=False)   # no model code runs
         return grads[0] if len(args) == 1 else grads
     return value, pullback
 
@@ -121,18 +121,46 @@ def _seed(value, f):
     if isinstance(value, np.generic): return type(value)(1)
     return np.ones_like(value)
 
-def value_with_gradient(f, *args):
+def value_with_gradient(f, *args, has_aux=False):
     """`(f(*args), gradient)` for a function `f` with a scalar result; one gradient per argument (a tuple
-    when there are several), each shaped like its argument."""
+    when there are several), each shaped like its argument. With `has_aux=True`, as in JAX, `f` returns
+    `(value, aux)`, aux being anything to take along (predictions, a count), and the result is `((value, aux), gradient)`."""
+    if has_aux: return _with_aux(f, args)
     with full_collections_paused():                   # one pause over both passes: no full collection in between
         value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
         return value, pb(_seed(value, f))
 
-def gradient(f, *args):
+def _finished(x):
+    "`x` without the levels of transforms that have ended (those still running keep theirs)."
+    while type(x) is Traced and not x.trace.active: x = x.value
+    return x
+
+def _with_aux(f, args):
+    "`value_with_gradient(f, *args, has_aux=True)`: the value differentiated, the aux carried out as plain values."
+    aux = []
+    def value_of(*xs):
+        out = f(*xs)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise DifferentiationError(f"gradient of {_name(f)} with has_aux=True: f must return a pair (value, aux), "
+                                       f"got {_describe(out)}{f' of {len(out)} items' if isinstance(out, tuple) else ''}")
+        aux.append(out[1])
+        return out[0]
+    value_of.__name__ = _name(f)
+    value, grads = value_with_gradient(value_of, *args)
+    return (value, map_structure(_finished, aux[0])), grads
+
+def gradient(f, *args, has_aux=False):
     """The gradient of scalar function `f` at `args` (a tuple when there are several arguments).
-    With no `args`, the gradient function itself: `gradient(f)(x)`."""
-    if args: return value_with_gradient(f, *args)[1]
-    def gradient_of_f(*args): return value_with_gradient(f, *args)[1]
+    With no `args`, the gradient function itself: `gradient(f)(x)`. With `has_aux=True`, `f` returns
+    `(value, aux)` and the result is `(gradient, aux)`, as in JAX."""
+    if has_aux:
+        def gradient_of_f(*args):
+            (_, aux), grads = value_with_gradient(f, *args, has_aux=True)
+            return grads, aux
+    elif args: return value_with_gradient(f, *args)[1]
+    else:
+        def gradient_of_f(*args): return value_with_gradient(f, *args)[1]
+    if args: return gradient_of_f(*args)
     gradient_of_f.__name__ = f"gradient_of_{_name(f)}"
     return gradient_of_f
 

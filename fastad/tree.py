@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['Differentiable', 'nondifferentiable', 'is_container', 'items', 'rebuilt', 'map_structure', 'stores_its_fields',
-           'is_leaf', 'flatten', 'leaves_like']
+           'is_leaf', 'flatten', 'leaves_like', 'tree_map']
 
 # %% ../nbs/03c_tree.ipynb #ee1056ad
 import copy, dataclasses, inspect, numbers, weakref
@@ -16,22 +16,44 @@ class Differentiable:
     `nondifferentiable()`. A gradient with respect to one is an instance of the same class."""
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        for base in cls.__mro__[:0:-1]: _as_dataclass(base)     # the bases are complete now; `cls` may get a decorator yet
+        _as_dataclass(cls)                                       # from its class statement: fields() and signature() work
     def __new__(cls, *args, **kwargs):
-        _as_dataclass(cls)                                       # the class itself, at its first instance
+        if '__dataclass_fields__' not in cls.__dict__: _as_dataclass(cls, now=True)
+        if cls.__dict__['__dataclass_params__'] is not _MADE.get(cls): _redecorated(cls)
         return super().__new__(cls)
 
 _WRITTEN_INIT = weakref.WeakSet()        # model classes whose __init__ dataclasses wrote (see `_Fields`)
+_MADE = weakref.WeakKeyDictionary()      # model class -> the dataclass parameters it was last built with
 
-def _as_dataclass(cls):
-    "Make model class `cls` a dataclass, unless it is one already (from its own `@dataclass(frozen=True)`, say)."
-    if issubclass(cls, Differentiable) and cls is not Differentiable and '__dataclass_fields__' not in cls.__dict__:
-        if '__init__' not in cls.__dict__: _WRITTEN_INIT.add(cls)    # dataclass writes one only where none is
-        dataclasses.dataclass(cls, eq=False)
+def _as_dataclass(cls, now=False):
+    """Make model class `cls` a dataclass. Class attributes that were `field(...)`s are put back, so that a
+    `@dataclass(frozen=True)` written above the class statement sees them as they were written. Fields that only
+    such a decorator can order (`kw_only=True`) wait for it: the class is made at its first instance (`now`)."""
+    written = {n: v for n, v in cls.__dict__.items() if isinstance(v, dataclasses.Field)}
+    wrote_init = '__init__' not in cls.__dict__                  # dataclass writes one only where none is
+    try: dataclasses.dataclass(cls, eq=False)
+    except TypeError:
+        if now: raise
+        return
+    if wrote_init: _WRITTEN_INIT.add(cls)
+    for name, f in written.items(): setattr(cls, name, f)
+    _MADE[cls] = cls.__dict__['__dataclass_params__']
+
+def _redecorated(cls):
+    """`cls` got an explicit `@dataclass(...)` after its class statement. That decorator kept the `__init__` the
+    class statement wrote (dataclasses never replaces one): write it again with the decorator's `frozen`."""
+    params = _MADE[cls] = cls.__dict__['__dataclass_params__']
+    if cls not in _WRITTEN_INIT: return                          # an __init__ of the class's own, or the decorator's
+    spec = [(f.name, f.type, f) for f in cls.__dataclass_fields__.values()]
+    namespace = {'__post_init__': cls.__post_init__} if hasattr(cls, '__post_init__') else {}
+    init = dataclasses.make_dataclass(cls.__name__, spec, namespace=namespace, frozen=params.frozen, eq=False).__init__
+    init.__qualname__, init.__module__ = f"{cls.__qualname__}.__init__", cls.__module__
+    type.__setattr__(cls, '__init__', init)
 
 def nondifferentiable(default=dataclasses.MISSING, **kwargs):
     "A `Differentiable` field carried along but never differentiated (a size, a flag, an activation)."
     return dataclasses.field(default=default, metadata={'differentiable': False}, **kwargs)
+
 
 # %% ../nbs/03c_tree.ipynb #1f952898
 def is_container(x):
@@ -46,9 +68,10 @@ def items(x):
     if isinstance(x, (tuple, list)): return list(enumerate(x))
     return [(name, getattr(x, name)) for name in _fields_of(type(x)).names]
 
-def rebuilt(x, values):
+def rebuilt(x, values, construct=True):
     """A container like `x` holding `values` (in the order of `items(x)`). A dataclass is built through its
-    constructor, so `__post_init__` derives its other fields from the new values."""
+    constructor, so `__post_init__` derives its other fields from the new values; with `construct=False` (a
+    gradient) it is a copy of `x` with the new values, and none of its code runs."""
     kind = type(x)
     if kind is tuple or kind is list: return kind(values)
     if kind is dict: return dict(zip(x, values))
@@ -58,13 +81,21 @@ def rebuilt(x, values):
         return new
     if isinstance(x, tuple) and hasattr(x, '_fields'): return kind(*values)      # a named tuple
     if isinstance(x, (tuple, list)): return kind(values)
-    return _fields_of(kind).build(x, values)
+    return _fields_of(kind).build(x, values, construct)
 
 def map_structure(fn, x):
     """`x` with `fn` applied to every item that is not a container (`is_container`), each container rebuilt
     as its own type (`rebuilt`): the one way fastad walks a structure."""
+    return _mapped(fn, x, set())
+
+def _mapped(fn, x, inside):
     if not is_container(x): return fn(x)
-    return rebuilt(x, [map_structure(fn, v) for _, v in items(x)])
+    if id(x) in inside:
+        raise DifferentiationError(f"a {type(x).__name__} contains itself: fastad cannot take apart or rebuild a structure with a cycle")
+    inside.add(id(x))
+    new = rebuilt(x, [_mapped(fn, v, inside) for _, v in items(x)])
+    inside.discard(id(x))
+    return new
 
 # %% ../nbs/03c_tree.ipynb #c5d8f3e6
 _STORES_FIELDS = weakref.WeakSet()   # classes whose constructor, given their own fields, only stores them
@@ -82,10 +113,21 @@ def _only_stores(cls):
     return (cls in _WRITTEN_INIT and not hasattr(cls, '__post_init__') and all(f.init for f in dataclasses.fields(cls))
             and cls.__setattr__ is object.__setattr__ and cls.__new__ is Differentiable.__new__)
 
+_FIELD_FORM = ("declare each parameter in the class body, as a dataclass field, and pass it in:\n"
+               "    class Net(fd.Layer):\n        l1: fd.Dense\n        def forward(self, x): return self.l1(x)\n"
+               "    net = Net(l1=fd.Dense(3, 1))\n(see lesson 04, 'Differentiable models')")
+
 class _Fields:
     "A dataclass's `__init__` fields, which of them are differentiable, and how to build one from them: worked out once per class."
-    __slots__ = ('fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', '__weakref__')
+    __slots__ = ('cls', 'fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', 'declared', 'own_init', '__weakref__')
     def __init__(self, cls):
+        initvars = [f.name for f in cls.__dataclass_fields__.values() if f._field_type is dataclasses._FIELD_INITVAR]
+        if initvars and issubclass(cls, Differentiable):         # rebuilt from its fields, a model would lose them
+            raise DifferentiationError(
+                f"{cls.__name__} has InitVar {', '.join(initvars)}: fastad rebuilds a model from its fields (its traced "
+                f"copy, its gradient), and an InitVar is not kept, so the copy would differ from the model. Make "
+                f"{initvars[0]} a field, e.g. `{initvars[0]}: float = fd.nondifferentiable(default=...)`")
+        self.cls = cls
         self.fields = [f for f in dataclasses.fields(cls) if f.init]
         self.names = [f.name for f in self.fields]
         self.differentiable = [(f.name, _differentiable(f)) for f in self.fields]
@@ -94,18 +136,45 @@ class _Fields:
             hasattr(type(getattr(cls, n, None)), '__set__') for n in self.names)
         try: inspect.signature(cls).bind(**dict.fromkeys(self.names)); self.takes = True
         except (TypeError, ValueError): self.takes = False
-    def build(self, x, values):
-        "A new object of `x`'s class with these field values."
+        self.declared = set(cls.__dataclass_fields__)
+        self.own_init = issubclass(cls, Differentiable) and not self.stores and cls not in _WRITTEN_INIT
+    def build(self, x, values, construct=True):
+        """A new object of `x`'s class with these field values. With `construct=False` (a gradient, a step, a
+        `tree_map` result) no code of the class runs: it is `x` with new fields, and nothing validates them."""
         if self.stores:                           # what its constructor would do, without the checks
             new = object.__new__(type(x))
             if self.in_dict: new.__dict__.update(zip(self.names, values))     # fields live in the instance's dict
             else:
                 for name, v in zip(self.names, values): object.__setattr__(new, name, v)
             return new
-        if self.takes: return type(x)(**dict(zip(self.names, values)))
-        new = copy.copy(x)                        # an __init__ of its own that does not take the fields: copied, field by field
+        if construct and self.takes:
+            new = type(x)(**dict(zip(self.names, values)))
+            if self.own_init is False and _has_traced(values): self.check_derived(new)
+            return new
+        new = copy.copy(x)                        # no constructor, or one that does not take the fields: copied, field by field
         for name, v in zip(self.names, values): object.__setattr__(new, name, v)
         return new
+    def undeclared(self, x):
+        "The attributes of model `x` that hold arrays or models but are not fields: `[(name, value)]`."
+        return [(k, v) for k, v in getattr(x, '__dict__', {}).items() if k not in self.declared and _holds_leaves(v)]
+    def check_undeclared(self, x, where):
+        "Refuse parameters set by an `__init__` of the model's own (PyTorch's habit): fastad would not see them."
+        if not self.own_init or self.stores: return
+        found = self.undeclared(x)
+        if found:
+            name, v = found[0]
+            raise DifferentiationError(
+                f"{_label(where)}.{name} is {_describe(v)} that {type(x).__name__}.__init__ set, but it is not a field "
+                f"of {type(x).__name__}: fastad differentiates a model's fields, so it would be left out (and "
+                f"rebuilding the model would run __init__ again). To train it, {_FIELD_FORM}")
+    def check_derived(self, new):
+        "Attributes that `__post_init__` set from traced fields are derived; one that stayed constant is a parameter nobody declared."
+        for name, v in self.undeclared(new):
+            if not _has_traced(v):
+                raise DifferentiationError(
+                    f"{type(new).__name__}.{name} is {_describe(v)} that __post_init__ set, but it is not a field and does "
+                    f"not depend on the fields, so it would get no gradient. To train it, {_FIELD_FORM}; a constant is "
+                    f"declared `{name}: object = fd.nondifferentiable(init=False)`")
 
 _FIELDS = weakref.WeakKeyDictionary()             # dataclass -> its _Fields
 
@@ -117,6 +186,26 @@ def _fields_of(cls):
         return fields
 
 def _differentiable(field): return field.metadata.get('differentiable', True)
+
+def _is_traced(x): return getattr(type(x), '__fastad_primitive__', None) is not None
+
+def _any_item(x, test, inside=None):
+    "Does an item of structure `x` (or `x` itself) pass `test`? A structure that holds itself is looked at once."
+    if test(x): return True
+    if not is_container(x): return False
+    inside = set() if inside is None else inside
+    if id(x) in inside: return False
+    inside.add(id(x))
+    return any(_any_item(v, test, inside) for _, v in items(x))
+
+def _has_traced(x): return _any_item(x, _is_traced)
+
+def _is_parameter(x):
+    "A model or a float array: what PyTorch calls a module or a parameter (a plain float is a setting)."
+    return isinstance(x, Differentiable) or getattr(getattr(x, 'dtype', None), 'kind', None) == 'f' and type(x) is not float
+
+def _holds_leaves(x): return _any_item(x, _is_parameter)
+
 
 # %% ../nbs/03c_tree.ipynb #a1f3c9d0
 def is_leaf(x):
@@ -168,36 +257,51 @@ def flatten(x, where='argument', arguments=False, static_ok=False):
     """`(leaves, rebuild)`: the differentiable leaves of `x`, and a function from new leaves to a new `x`.
     With `arguments=True`, `x` is a tuple of function arguments (named that way in error messages); with
     `static_ok=True`, anything that cannot be differentiated (an int, a string, a function) rides along, as it
-    always does inside a dataclass."""
-    leaves = []
-    spec = ((x, [_walk(v, (where, i, ' {}'), static_ok, leaves) for i, v in enumerate(x)], None) if arguments
-            else _walk(x, where, static_ok, leaves))
-    return leaves, lambda new: _rebuild(spec, iter(new))
+    always does inside a dataclass. `rebuild(new, construct=False)` builds models without running their code
+    (for gradients: see `rebuilt`)."""
+    leaves, inside = [], set()
+    spec = ((x, [_walk(v, (where, i, ' {}'), static_ok, leaves, inside) for i, v in enumerate(x)], None) if arguments
+            else _walk(x, where, static_ok, leaves, inside))
+    return leaves, lambda new, construct=True: _rebuild(spec, iter(new), construct)
 
-def _walk(x, where, static_ok, leaves):
-    "`x`'s spec for `_rebuild`, putting its leaves in `leaves`. (A module function: a nested recursive one would be a"
-    " reference cycle, keeping the leaves, and so a whole tape, alive until the garbage collector runs.)"
+def _contains_itself(where, x):
+    return DifferentiationError(f"{_label(where)} contains itself (a {type(x).__name__} that holds itself, directly or "
+                                f"further down): fastad cannot take apart or rebuild a structure with a cycle")
+
+def _walk(x, where, static_ok, leaves, inside):
+    "`x`'s spec for `_rebuild`, putting its leaves in `leaves`; `inside` holds the containers being walked. (A module"
+    " function: a nested recursive one would be a reference cycle, keeping the leaves, and so a whole tape, alive.)"
     if is_leaf(x):
         leaves.append(x)
         return None                                      # marks where the next leaf goes
     kind = type(x)
     if kind is list or kind is tuple:
-        return (x, [_walk(v, (where, i, '[{!r}]'), static_ok, leaves) for i, v in enumerate(x)], None)
-    if hasattr(kind, '__dataclass_fields__'):            # ints, flags, functions in a model ride along
+        if id(x) in inside: raise _contains_itself(where, x)
+        inside.add(id(x))
+        spec = (x, [_walk(v, (where, i, '[{!r}]'), static_ok, leaves, inside) for i, v in enumerate(x)], None)
+    elif hasattr(kind, '__dataclass_fields__'):          # ints, flags, functions in a model ride along
+        if id(x) in inside: raise _contains_itself(where, x)
+        inside.add(id(x))
         fields = _fields_of(kind)
-        return (x, [_walk(getattr(x, name), (where, name, '.{}'), True, leaves) if d else _Static(getattr(x, name))
+        fields.check_undeclared(x, where)
+        spec = (x, [_walk(getattr(x, name), (where, name, '.{}'), True, leaves, inside) if d else _Static(getattr(x, name))
                     for name, d in fields.differentiable], fields)
-    if not is_container(x):
+    elif not is_container(x):
         if static_ok: return _Static(x)
         raise _cannot(where, x)
-    return (x, [_walk(v, label, static_ok, leaves) for label, v, _ in _labelled(x, _label(where))], None)
+    else:
+        if id(x) in inside: raise _contains_itself(where, x)
+        inside.add(id(x))
+        spec = (x, [_walk(v, label, static_ok, leaves, inside) for label, v, _ in _labelled(x, _label(where))], None)
+    inside.discard(id(x))
+    return spec
 
-def _rebuild(spec, leaves):
+def _rebuild(spec, leaves, construct):
     if spec is None: return next(leaves)
     if type(spec) is _Static: return spec.value
     x, specs, fields = spec
-    values = [_rebuild(s, leaves) for s in specs]
-    return rebuilt(x, values) if fields is None else fields.build(x, values)
+    values = [_rebuild(s, leaves, construct) for s in specs]
+    return rebuilt(x, values, construct) if fields is None else fields.build(x, values, construct)
 
 def leaves_like(template, x, where):
     """The leaves of `x` in the order of `template`'s, checking that `x` has `template`'s structure: same
@@ -230,3 +334,12 @@ def _match(t, x, where, found):
     else:
         for name, d in _fields_of(type(t)).differentiable:
             if d: _match(getattr(t, name), getattr(x, name), f"{where}.{name}", found)
+
+# %% ../nbs/03c_tree.ipynb #7d1e0a02
+def tree_map(f, tree, *rest):
+    """`tree` with `f` applied to each differentiable leaf, and to the matching leaves of each of `rest`
+    (structures shaped like `tree`): `tree_map(lambda w, g: w - 0.1 * g, model, gradient)`. Static fields are kept."""
+    if not callable(f): raise DifferentiationError(f"tree_map: f must be a function, not {_describe(f)}")
+    leaves, rebuild = flatten(tree, where='tree_map: tree', static_ok=True)
+    others = [leaves_like(tree, r, f"tree_map: rest[{i}]") for i, r in enumerate(rest)]
+    return rebuild([f(*xs) for xs in zip(leaves, *others)], construct=False)

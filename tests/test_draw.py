@@ -30,7 +30,7 @@ def test_listing_matches_the_engines_events_in_order():
     assert [e.shape for e in tape] == [(3, 4), (4, 3), (3, 3), (3, 3), ()]
 
 def test_shapes_of_a_model_and_labels_of_its_fields():
-    layers = [fd.Dense(4, 3, rng=fd.backend.default_rng(0)), fd.Dense(3, 1, activation=None, rng=fd.backend.default_rng(1))]
+    layers = [fd.Dense(4, 3, activation=fd.relu, rng=fd.backend.default_rng(0)), fd.Dense(3, 1, rng=fd.backend.default_rng(1))]
     x = np.ones((5, 4), np.float32)
     def loss(layers): return fd.mse(fd.sequenced(x, through=layers).squeeze(-1), np.zeros(5, np.float32))
     tape = check_drawing(loss, layers)

@@ -7,7 +7,7 @@ from fastad.errors import ArgumentError, DifferentiationError, ShapeError
 
 def close(a, b, tol=1e-6): np.testing.assert_allclose(to_host(a), to_host(b), rtol=tol, atol=tol)
 
-def dense(n_in=2, n_out=3, seed=0, **kw): return fd.Dense(n_in, n_out, rng=np.random.default_rng(seed), **kw)
+def dense(n_in=2, n_out=3, seed=0, **kw): return fd.Dense(n_in, n_out, rng=np.random.default_rng(seed), **({"activation": fd.relu} | kw))
 
 # --- Dense --------------------------------------------------------------------------------------------
 def test_dense_new_layer_is_seeded_kaiming_normal_float32(any_backend):
@@ -36,7 +36,7 @@ def test_dense_from_its_fields_by_keyword_is_exactly_that_model():
     assert [f.name for f in dataclasses.fields(fd.Dense)] == ['weight', 'bias', 'activation']
 
 def test_dense_forward_and_gradient_are_a_dense():
-    d = fd.Dense(weight=np.array([[1., -1.], [2., 0.5]]), bias=np.array([0., 1.]))
+    d = fd.Dense(weight=np.array([[1., -1.], [2., 0.5]]), bias=np.array([0., 1.]), activation=fd.relu)
     x = np.array([[1., 1.], [-1., 0.]])
     close(d(x), np.maximum(x @ d.weight + d.bias, 0))
     g = fd.gradient(lambda m: m(x).sum(), d)
@@ -167,7 +167,7 @@ def test_sgd_steps_downhill_by_the_learning_rate(any_backend):
 def test_sgd_trains_xor_with_a_falling_loss():
     x = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32); y = np.array([[0], [1], [1], [0]], np.float32)
     rng = np.random.default_rng(0)
-    layers = [fd.Dense(2, 16, rng=rng), fd.Dense(16, 1, activation=None, rng=rng)]
+    layers = [fd.Dense(2, 16, activation=fd.relu, rng=rng), fd.Dense(16, 1, rng=rng)]
     class Net(fd.Layer):
         layers: list
         def forward(self, x): return fd.sequenced(x, through=self.layers)
