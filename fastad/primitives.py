@@ -114,6 +114,13 @@ def as_mask(m, like=None):
     if np.ndim(m) == 0: return np.bool_(m)
     return array_module(like).asarray(m, dtype=bool)
 
+def _select(mask, g):
+    """`g` where `mask` holds, 0 elsewhere: the chain of a rule with a mask. Selected, never multiplied, since an
+    infinite cotangent times 0 is NaN. On the host a product is several times faster than np.where (which branches
+    on every element): it serves whenever g is all finite, as it almost always is."""
+    if type(g) is np.ndarray and np.isfinite(g).all(): return g * mask
+    return np.where(mask, g, 0)
+
 def _half(like):
     "0.5 in the dtype of `like`, so a float32 cotangent stays float32."
     dtype = np.result_type(like)
@@ -124,7 +131,7 @@ def _choice_chains(wins, ties, ans):
     not, and half to each where `ties`. Without a tie, as almost always, one mask serves both chains.
     A mask *selects* (np.where), never multiplies: an infinite cotangent times 0 would be NaN."""
     wins = as_mask(wins, ans)
-    if not np.any(ties): return (lambda g: np.where(wins, g, 0)), (lambda g: np.where(wins, 0, g))
+    if not np.any(ties): return (lambda g: _select(wins, g)), (lambda g: _select(~wins, g))
     twice = np.add(wins, wins | as_mask(ties, ans), dtype=np.int8)   # twice x's share: 2 where x wins, 1 at a tie
     return _shared_chains(twice, _half(ans))
 
@@ -435,15 +442,15 @@ def where_vwc(cond, x, y):
     "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond
     # the chains select with the mask, never multiply by it: an infinite g times 0 would be NaN, not 0
-    return np.where(cond, x, y), (None, lambda g: unbroadcast(np.where(cond, g, 0), np.shape(x)),
-                                        lambda g: unbroadcast(np.where(cond, 0, g), np.shape(y)))
+    return np.where(cond, x, y), (None, lambda g: unbroadcast(_select(cond, g), np.shape(x)),
+                                        lambda g: unbroadcast(_select(~cond, g), np.shape(y)))
 
 @defvwc(np.clip, unary=True)
 def clip_vwc(x, *, a_min, a_max):
     "x clipped to [a_min, a_max]; at a bound the cotangent still passes, as inside."
     inside = (x >= (-np.inf if a_min is None else a_min)) & (x <= (np.inf if a_max is None else a_max))
     shape = np.shape(x)                               # array bounds may broadcast x to a larger shape
-    return np.clip(x, a_min, a_max), lambda g: unbroadcast(np.where(inside, g, 0), shape)
+    return np.clip(x, a_min, a_max), lambda g: unbroadcast(_select(inside, g), shape)
 
 # %% ../nbs/03a_primitives.ipynb #244a3129
 @defvwc(name='relu', unary=True)
@@ -452,7 +459,7 @@ def relu_vwc(x):
     mask = x > 0
     ans = np.where(x <= 0, 0, x)                      # not x * mask: -inf * 0 is NaN
     if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]    # a number in, a NumPy number out
-    return ans, lambda g: np.where(mask, g, 0)       # not g * mask: an infinite g times 0 is NaN
+    return ans, lambda g: _select(mask, g)           # not g * mask: an infinite g times 0 is NaN
 
 @defvwc(name='logsumexp', unary=True)
 def logsumexp_vwc(x, *, axis=-1, keepdims=False):

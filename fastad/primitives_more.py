@@ -16,7 +16,7 @@ import math
 import numpy as np
 from .backend import array_module
 from .errors import DifferentiationError, NoDerivativeError
-from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half, _shared_chains
+from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half, _shared_chains, _select
 
 # %% ../nbs/03a1_more_primitives.ipynb #brc6c27f
 def _traced(x):
@@ -127,7 +127,7 @@ def rad2deg_vwc(x):
 def nan_to_num_vwc(x, *, copy=True, nan=0.0, posinf=None, neginf=None):
     "NaN and infinities replaced by constants: the cotangent passes only where x was finite."
     finite = np.isfinite(x)
-    return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf), lambda g: np.where(finite, g, 0)   # selected: inf * 0 is NaN
+    return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf), lambda g: _select(finite, g)   # not g * finite: inf * 0 is NaN
 
 # %% ../nbs/03a1_more_primitives.ipynb #brd9a9d6
 @defvwc(np.arctan2, broadcasts=True)
@@ -343,7 +343,7 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
     ids = xp.arange(np.size(indices)).reshape(np.shape(indices))
     np.put_along_axis(writer, indices, ids, axis)
     kept = np.take_along_axis(writer, indices, axis) == ids     # a value overwritten by a repeated index has no slope
-    chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(np.where(kept, np.take_along_axis(g, indices, axis), 0), vshape))
+    chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(_select(kept, np.take_along_axis(g, indices, axis)), vshape))
     if _traced(arr) or _traced(values): return put_along_axis(arr, values, indices=indices, axis=axis), chains
     out = arr.copy()
     np.put_along_axis(out, indices, values, axis)
