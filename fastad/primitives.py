@@ -129,7 +129,7 @@ def _half(like):
 def _choice_chains(wins, ties, ans):
     """The chains of an elementwise choice between x and y: the cotangent goes to x where `wins`, to y where
     not, and half to each where `ties`. Without a tie, as almost always, one mask serves both chains.
-    A mask *selects* (np.where), never multiplies: an infinite cotangent times 0 would be NaN."""
+    A mask *selects* (`_select`, np.where), never multiplies: an infinite cotangent times 0 would be NaN."""
     wins = as_mask(wins, ans)
     if not np.any(ties): return (lambda g: _select(wins, g)), (lambda g: _select(~wins, g))
     twice = np.add(wins, wins | as_mask(ties, ans), dtype=np.int8)   # twice x's share: 2 where x wins, 1 at a tie

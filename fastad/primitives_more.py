@@ -201,7 +201,8 @@ def heaviside_vwc(x, h):
     return np.heaviside(x, h), (None, lambda g: np.where(at_zero, g, 0))
 
 NONDIFFERENTIABLE.update({np.fix, np.around, np.signbit, np.isneginf, np.isposinf, np.isreal,
-                          np.iscomplex, np.spacing, np.argpartition, np.searchsorted, np.digitize, np.nanargmax, np.nanargmin, np.isin, np.array_equiv, np.lexsort})
+                          np.iscomplex, np.spacing, np.argpartition, np.searchsorted, np.digitize,
+                          np.nanargmax, np.nanargmin, np.isin, np.array_equiv, np.lexsort})
 
 # %% ../nbs/03a1_more_primitives.ipynb #brd3d078
 @defvwc(np.prod, unary=True)
