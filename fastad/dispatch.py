@@ -241,20 +241,24 @@ def _quantile_of(name, a, q, axis, method, keepdims):
     nd, shape = np.ndim(a), np.shape(a)
     axes = tuple(range(nd)) if axis is None else tuple(x % nd for x in axes_of(axis))
     a = np.moveaxis(a, axes, tuple(range(nd - len(axes), nd)))      # the reduced axes, last and merged
-    a = np.reshape(a, np.shape(a)[:nd - len(axes)] + (-1,))
+    a = np.reshape(a, np.shape(a)[:nd - len(axes)] + (math.prod(np.shape(a)[nd - len(axes):]),))   # not -1: a may be empty
     s, n = np.sort(a, axis=-1), np.shape(a)[-1]
     pos = q * (n - 1)
     lo = np.floor(pos).astype(np.int64)
     hi = np.minimum(lo + 1, n - 1)
     frac = {'linear': pos - lo, 'lower': 0 * pos, 'higher': (pos > lo) * 1.0, 'midpoint': (pos > lo) * 0.5,
             'nearest': (np.around(pos) > lo) * 1.0}[method]
+    if n == 0: raise ShapeError(f"{name}: the quantile of an empty axis is not defined (NumPy raises IndexError)")
     xp = _xp(s)
     take = lambda i: s[..., int(i)] if np.ndim(i) == 0 else np.moveaxis(s[..., xp.asarray(i)], tuple(range(-q.ndim, 0)), tuple(range(q.ndim)))
     if q.ndim:                                          # NumPy's precision: a list of q interpolates in float64
         precision = np.result_type(unbox(s)) if method in ('lower', 'higher', 'nearest') else np.float64
         frac = xp.asarray(frac.reshape(frac.shape + (1,) * (nd - len(axes))), dtype=precision)
-    else: frac = float(frac)
-    result = take(lo) * (1 - frac) + take(hi) * frac
+        mix = take(lo) * (1 - frac) + take(hi) * frac
+        result = np.where(frac == 0, take(lo), np.where(frac == 1, take(hi), mix))
+    else:                                               # one neighbour alone where frac is 0 or 1: never 0 * inf
+        frac = float(frac)
+        result = take(lo) if frac == 0 else take(hi) if frac == 1 else take(lo) * (1 - frac) + take(hi) * frac
     if keepdims:
         kept = [1 if i in axes else n_ for i, n_ in enumerate(shape)]
         result = np.reshape(result, q.shape + tuple(kept))
@@ -271,6 +275,9 @@ def _percentile(a, q, axis=None, out=None, overwrite_input=False, method='linear
 
 def _median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
     _reject_out('numpy.median', dict(out=out))
+    shape = np.shape(a)
+    if 0 in (shape if axis is None else [shape[i] for i in axes_of(axis)]):
+        return np.mean(a, axis=axis, keepdims=keepdims)   # as NumPy: the median of nothing is its mean, NaN, with a warning
     return _quantile_of('numpy.median', a, 0.5, axis, 'linear', keepdims)
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #brfa56b8
@@ -435,6 +442,11 @@ def _take_along_axis(arr, indices, axis=-1):
 
 def put_along_axis(arr, indices, values, axis):
     "`np.put_along_axis(arr, indices, values, axis)`, but returning a new array instead of writing into `arr`."
+    if axis is None:                                  # as NumPy: 1-D indices into the flattened array
+        if np.ndim(indices) != 1:
+            raise ShapeError(f"fastad.put_along_axis: with axis=None, `indices` must be 1-D (into the flattened "
+                             f"array), not {np.ndim(indices)}-D")
+        return np.reshape(PM.put_along_axis(np.ravel(arr), values, indices=unbox(indices), axis=0), np.shape(arr))
     return PM.put_along_axis(arr, values, indices=unbox(indices), axis=operator.index(axis))
 
 def _put_along_axis(arr, indices, values, axis):
@@ -666,6 +678,43 @@ ADAPTERS.update({np.linspace: _linspace, np.logspace: _logspace, np.full_like: _
                  np.copy: lambda a, order='K', subok=False: a})
 _ADAPTERS.update(ADAPTERS)
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #s2a1b0c2
+def _unique(ar, return_index=False, return_inverse=False, return_counts=False, axis=None, **kw):
+    """np.unique: each value is `ar`'s first occurrence of it, indexed (so it gets the cotangent, as in JAX);
+    the indices, inverse and counts are plain."""
+    plain = np.unique(unbox(ar), True, return_inverse, return_counts, axis, **kw)
+    values = np.take(ar, _device_index(ar, plain[1]), axis=axis)
+    extra = ([plain[1]] if return_index else []) + list(plain[2:])
+    return (values, *extra) if extra else values
+
+def _bincount(x, weights=None, minlength=0):
+    "np.bincount: counts are plain; traced `weights` are summed into their bins by scatter_add (in float64, as NumPy)."
+    x = unbox(_static('numpy.bincount', x, 'x'))
+    plain = np.bincount(x, unbox(weights), minlength)      # NumPy's checks, and the number of bins
+    if type(weights) is not Traced or not np.size(x): return plain     # no weights, none to move (NumPy: int zeros)
+    return P.scatter_add(weights.astype(np.float64), index=_device_index(weights, x), like=_xp(weights).zeros(len(plain)))
+
+def _histogram(a, bins=10, range=None, density=None, weights=None):
+    """np.histogram: the edges follow a's smallest and largest elements unless `bins` are edges or `range`
+    is given; traced weights are summed into bins; counts themselves are piecewise constant."""
+    va, vw = unbox(a), unbox(weights)
+    counts, edges = np.histogram(va, bins, range, weights=vw)        # NumPy's bins and checks
+    n, xp = len(counts), _xp(a if type(a) is Traced else weights)
+    if type(a) is Traced and range is None and np.ndim(bins) == 0 and np.size(va):
+        lo, hi = np.min(a), np.max(a)                                  # the edges move with them
+        if unbox(lo) == unbox(hi): lo, hi = lo - 0.5, hi + 0.5
+        edges = np.linspace(lo, hi, n + 1).astype(edges.dtype)
+    if type(weights) is Traced:                        # bin i holds edges[i] <= a < edges[i + 1]; the last bin its right edge too
+        flat, bounds = np.ravel(to_host(va)), to_host(unbox(edges))
+        where = np.minimum(np.searchsorted(bounds, flat, side='right') - 1, n - 1)
+        inside = np.flatnonzero((flat >= bounds[0]) & (flat <= bounds[-1]))
+        counts = P.scatter_add(np.ravel(weights)[xp.asarray(inside)], index=xp.asarray(where[inside]), like=xp.zeros(n))
+    if density: counts = counts / np.diff(edges).astype(np.float64) / np.sum(counts)
+    return counts, edges
+
+ADAPTERS.update({np.unique: _unique, np.bincount: _bincount, np.histogram: _histogram})
+_ADAPTERS.update(ADAPTERS)
+
 # %% ../nbs/03b1_numpy_dispatch.ipynb #brd8a374
 def _in_place(method, instead):
     def refuse(self, *args, **kwargs):
@@ -700,11 +749,11 @@ GROUPS = {
                           np.log1p, np.log2, np.log10, np.exp2, np.sinh, np.cosh, np.arcsin, np.arccos, np.arctan,
                           np.arctan2, np.arcsinh, np.arccosh, np.arctanh, np.hypot, np.reciprocal, np.cbrt, np.fabs,
                           np.sinc, np.logaddexp, np.logaddexp2, np.deg2rad, np.radians, np.rad2deg, np.degrees,
-                          np.nan_to_num, np.clip, np.where),
+                          np.nan_to_num, np.clip, np.where, np.heaviside),
     'reductions and scans': _names(np.sum, np.mean, np.max, np.amax, np.min, np.amin, np.var, np.std, np.prod, np.cumsum,
                                    np.cumprod, np.cumulative_sum, np.cumulative_prod, np.trace, np.diff, np.average,
                                    np.ptp, np.nansum, np.nanprod, np.nanmean, np.nanmax, np.nanmin, np.median,
-                                   np.quantile, np.percentile, np.linalg.norm, np.linalg.vector_norm,
+                                   np.quantile, np.percentile, np.bincount, np.histogram, np.linalg.norm, np.linalg.vector_norm,
                                    np.linalg.matrix_norm, np.linalg.trace),
     'products': _names(np.matmul, np.dot, np.einsum, np.tensordot, np.inner, np.outer, np.vdot, np.kron, np.cross,
                        np.linalg.multi_dot, np.linalg.outer, np.linalg.matmul, np.linalg.tensordot, np.linalg.vecdot,
@@ -714,7 +763,7 @@ GROUPS = {
                                  np.flipud, np.fliplr, np.rot90, np.roll, np.moveaxis, np.rollaxis,
                                  np.matrix_transpose, np.linalg.matrix_transpose, np.diag, np.diagflat, np.diagonal,
                                  np.linalg.diagonal, np.triu, np.tril, np.atleast_1d, np.atleast_2d, np.atleast_3d,
-                                 np.sort, np.partition, np.compress, np.select, np.lib.stride_tricks.sliding_window_view),
+                                 np.sort, np.partition, np.unique, np.compress, np.select, np.lib.stride_tricks.sliding_window_view),
     'joining and splitting': _names(np.concatenate, np.stack, np.vstack, np.hstack, np.dstack,
                                     np.column_stack, np.append, np.block, np.split, np.array_split, np.hsplit,
                                     np.vsplit, np.dsplit, np.unstack),

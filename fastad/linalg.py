@@ -159,6 +159,7 @@ def svd_vwc(a, *, full_matrices=True, hermitian=False):
     m, n = np.shape(a)[-2:]
     k = min(m, n)
     def chain(gs):
+        if k == 0: return _module(a).zeros(np.shape(a), dtype=np.result_type(_value(a)))   # an empty matrix: nothing to send back
         gu, gs_, gvh = gs
         if full_matrices and (np.any(gu[..., :, k:] != 0) or np.any(gvh[..., k:, :] != 0)):
             raise DifferentiationError("numpy.linalg.svd: with full_matrices=True, the extra columns of u (rows of vh) "

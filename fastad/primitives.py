@@ -85,11 +85,12 @@ def power_vwc(x, y):
     ans = x ** y
     def dx(g):
         if np.ndim(y) == 0:
-            if y == 0: return g * 0                           # x**0 is constant: 0, not 0 * inf at x = 0
+            if y == 0: return np.zeros_like(g)                # x**0 is constant: 0, not 0 * g (NaN where g is inf)
             return g * y * (np.power(x, y - 1) if type(x) is float else x ** (y - 1))   # float 0.0 ** -0.5: inf, no error
-        return g * y * x ** np.where(y == 0, 1, y - 1)         # where y is 0, y * x**(y - 1) is 0, even at x = 0
+        return np.where(y == 0, 0, g * y * x ** np.where(y == 0, 1, y - 1))   # where y is 0 the slope is 0, even at x = 0
     # d/dy x**y = log(x) x**y is only defined for x > 0; elsewhere (integer powers of negatives) it is 0
-    return ans, (dx, lambda g: g * ans * np.log(np.where(x > 0, x, 1)))
+    positive = x > 0
+    return ans, (dx, lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
 @defvwc(np.remainder, broadcasts=True)
 def remainder_vwc(x, y):
@@ -113,6 +114,13 @@ def as_mask(m, like=None):
     if np.ndim(m) == 0: return np.bool_(m)
     return array_module(like).asarray(m, dtype=bool)
 
+def _select(mask, g):
+    """`g` where `mask` holds, 0 elsewhere: the chain of a rule with a mask. Selected, never multiplied, since an
+    infinite cotangent times 0 is NaN. On the host a product is several times faster than np.where (which branches
+    on every element): it serves whenever g is all finite, as it almost always is."""
+    if type(g) is np.ndarray and np.isfinite(g).all(): return g * mask
+    return np.where(mask, g, 0)
+
 def _half(like):
     "0.5 in the dtype of `like`, so a float32 cotangent stays float32."
     dtype = np.result_type(like)
@@ -120,12 +128,16 @@ def _half(like):
 
 def _choice_chains(wins, ties, ans):
     """The chains of an elementwise choice between x and y: the cotangent goes to x where `wins`, to y where
-    not, and half to each where `ties`. Without a tie, as almost always, one mask serves both chains."""
+    not, and half to each where `ties`. Without a tie, as almost always, one mask serves both chains.
+    A mask *selects* (`_select`, np.where), never multiplies: an infinite cotangent times 0 would be NaN."""
     wins = as_mask(wins, ans)
-    if not np.any(ties): return (lambda g: g * wins), (lambda g: g * ~wins)
+    if not np.any(ties): return (lambda g: _select(wins, g)), (lambda g: _select(~wins, g))
     twice = np.add(wins, wins | as_mask(ties, ans), dtype=np.int8)   # twice x's share: 2 where x wins, 1 at a tie
-    half = _half(ans)
-    return (lambda g: g * twice * half), (lambda g: g * (2 - twice) * half)
+    return _shared_chains(twice, _half(ans))
+
+def _shared_chains(twice, half):
+    "x's chain gives g·twice/2 where twice > 0, y's g·(2 - twice)/2 where twice < 2; 0 elsewhere, selected."
+    return (lambda g: np.where(twice > 0, g * twice * half, 0)), (lambda g: np.where(twice < 2, g * (2 - twice) * half, 0))
 
 @defvwc(np.maximum, broadcasts=True)
 def maximum_vwc(x, y):
@@ -312,7 +324,7 @@ def _extremum_vwc(reduce, x, axis, keepdims):
     shape = np.shape(x)
     hit = x == reduce(x, axis=axis, keepdims=True)
     share = (hit / np.sum(hit, axis=axis, keepdims=True)).astype(np.result_type(x))  # ties share equally
-    return reduce(x, axis=axis, keepdims=keepdims), lambda g: _expand(g, shape, axis, keepdims) * share
+    return reduce(x, axis=axis, keepdims=keepdims), lambda g: np.where(hit, _expand(g, shape, axis, keepdims) * share, 0)
 
 @defvwc(np.max, np.amax, unary=True)
 def max_vwc(x, *, axis=None, keepdims=False):
@@ -342,7 +354,7 @@ def std_vwc(x, *, axis=None, ddof=0, keepdims=False):
         s = _expand(ans, np.shape(x), axis, keepdims)
         positive = s > 0
         d = x - np.mean(x, axis=axis, keepdims=True)
-        return _expand(g, np.shape(x), axis, keepdims) * np.where(positive, d / ((n - ddof) * np.where(positive, s, 1)), 0)
+        return np.where(positive, _expand(g, np.shape(x), axis, keepdims) * (d / ((n - ddof) * np.where(positive, s, 1))), 0)
     return ans, chain
 
 # %% ../nbs/03a_primitives.ipynb #dce5ca50
@@ -429,15 +441,16 @@ def stack_vwc(*xs, axis=0):
 def where_vwc(cond, x, y):
     "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond
-    return np.where(cond, x, y), (None, lambda g: unbroadcast(g * cond, np.shape(x)),
-                                        lambda g: unbroadcast(g * ~cond, np.shape(y)))
+    # the chains select with the mask, never multiply by it: an infinite g times 0 would be NaN, not 0
+    return np.where(cond, x, y), (None, lambda g: unbroadcast(_select(cond, g), np.shape(x)),
+                                        lambda g: unbroadcast(_select(~cond, g), np.shape(y)))
 
 @defvwc(np.clip, unary=True)
 def clip_vwc(x, *, a_min, a_max):
     "x clipped to [a_min, a_max]; at a bound the cotangent still passes, as inside."
     inside = (x >= (-np.inf if a_min is None else a_min)) & (x <= (np.inf if a_max is None else a_max))
     shape = np.shape(x)                               # array bounds may broadcast x to a larger shape
-    return np.clip(x, a_min, a_max), lambda g: unbroadcast(g * inside, shape)
+    return np.clip(x, a_min, a_max), lambda g: unbroadcast(_select(inside, g), shape)
 
 # %% ../nbs/03a_primitives.ipynb #244a3129
 @defvwc(name='relu', unary=True)
@@ -446,15 +459,17 @@ def relu_vwc(x):
     mask = x > 0
     ans = np.where(x <= 0, 0, x)                      # not x * mask: -inf * 0 is NaN
     if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]    # a number in, a NumPy number out
-    return ans, lambda g: g * mask
+    return ans, lambda g: _select(mask, g)           # not g * mask: an infinite g times 0 is NaN
 
 @defvwc(name='logsumexp', unary=True)
 def logsumexp_vwc(x, *, axis=-1, keepdims=False):
-    "log(sum(exp(x))) along `axis`, computed without overflow."
+    """log(sum(exp(x))) along `axis`, computed without overflow; -inf where every element is -inf, +inf where one
+    is +inf (as SciPy and JAX)."""
     m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)                # an infinite maximum: x - m would be inf - inf, NaN
     e = np.exp(x - m)
     s = np.sum(e, axis=axis, keepdims=True)
-    ans = np.log(s) + m
+    with np.errstate(divide='ignore'): ans = np.log(s) + m    # log 0 = -inf: an all -inf slice, no warning (as SciPy)
     return (ans if keepdims else np.squeeze(ans, axis=axis)), lambda g: _expand(g, np.shape(x), axis, keepdims) * (e / s)
 
 @defvwc(name='log_softmax', unary=True)
@@ -472,6 +487,6 @@ NONDIFFERENTIABLE = {
     np.argmax, np.argmin, np.argsort, np.isfinite, np.isnan, np.isinf, np.sign, np.floor, np.ceil, np.round,
     np.rint, np.trunc, np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal,
     np.logical_and, np.logical_or, np.logical_not, np.logical_xor, np.allclose, np.isclose, np.array_equal,
-    np.count_nonzero, np.nonzero, np.flatnonzero, np.unique, np.floor_divide, np.bitwise_and,
+    np.count_nonzero, np.nonzero, np.flatnonzero, np.floor_divide, np.bitwise_and,
     np.bitwise_or, np.invert,
 }

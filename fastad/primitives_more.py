@@ -7,8 +7,8 @@ __all__ = ['norm2', 'diagonal_scatter', 'window_sum', 'put_along_axis', 'log2_vw
            'cosh_vwc', 'arcsin_vwc', 'arccos_vwc', 'arctan_vwc', 'arcsinh_vwc', 'arccosh_vwc', 'arctanh_vwc',
            'reciprocal_vwc', 'cbrt_vwc', 'fabs_vwc', 'sinc_vwc', 'deg2rad_vwc', 'rad2deg_vwc', 'nan_to_num_vwc',
            'arctan2_vwc', 'hypot_vwc', 'logaddexp_vwc', 'logaddexp2_vwc', 'fmax_vwc', 'fmin_vwc', 'float_power_vwc',
-           'fmod_vwc', 'copysign_vwc', 'prod_vwc', 'cumsum_vwc', 'cumprod_vwc', 'norm2_vwc', 'flip_vwc', 'roll_vwc',
-           'triu_vwc', 'tril_vwc', 'diagonal_vwc', 'diagonal_scatter_vwc', 'pad_constant_vwc',
+           'fmod_vwc', 'copysign_vwc', 'heaviside_vwc', 'prod_vwc', 'cumsum_vwc', 'cumprod_vwc', 'norm2_vwc',
+           'flip_vwc', 'roll_vwc', 'triu_vwc', 'tril_vwc', 'diagonal_vwc', 'diagonal_scatter_vwc', 'pad_constant_vwc',
            'sliding_window_view_vwc', 'window_sum_vwc', 'put_along_axis_vwc']
 
 # %% ../nbs/03a1_more_primitives.ipynb #br7bc3ca
@@ -16,7 +16,7 @@ import math
 import numpy as np
 from .backend import array_module
 from .errors import DifferentiationError, NoDerivativeError
-from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half
+from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half, _shared_chains, _select
 
 # %% ../nbs/03a1_more_primitives.ipynb #brc6c27f
 def _traced(x):
@@ -127,7 +127,7 @@ def rad2deg_vwc(x):
 def nan_to_num_vwc(x, *, copy=True, nan=0.0, posinf=None, neginf=None):
     "NaN and infinities replaced by constants: the cotangent passes only where x was finite."
     finite = np.isfinite(x)
-    return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf), lambda g: g * finite
+    return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf), lambda g: _select(finite, g)   # not g * finite: inf * 0 is NaN
 
 # %% ../nbs/03a1_more_primitives.ipynb #brd9a9d6
 @defvwc(np.arctan2, broadcasts=True)
@@ -140,8 +140,9 @@ def arctan2_vwc(y, x):
 def hypot_vwc(x, y):
     "√(x² + y²); at the origin, the bottom of a cone, the gradient is 0 (a subgradient)."
     ans = np.hypot(x, y)
-    safe = np.where(ans > 0, ans, 1)
-    return ans, (lambda g: g * x / safe, lambda g: g * y / safe)
+    positive = ans > 0
+    safe = np.where(positive, ans, 1)
+    return ans, (lambda g: np.where(positive, g * x / safe, 0), lambda g: np.where(positive, g * y / safe, 0))
 
 @defvwc(np.logaddexp, broadcasts=True)
 def logaddexp_vwc(x, y):
@@ -165,7 +166,7 @@ def fmax_vwc(x, y):
     ans = np.fmax(x, y)
     half = _half(ans)
     twice = _nan_shares(np.add(x >= y, x > y, dtype=np.int8), x, y)
-    return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
+    return ans, _shared_chains(twice, half)
 
 @defvwc(np.fmin, broadcasts=True)
 def fmin_vwc(x, y):
@@ -173,14 +174,14 @@ def fmin_vwc(x, y):
     ans = np.fmin(x, y)
     half = _half(ans)
     twice = _nan_shares(np.add(x <= y, x < y, dtype=np.int8), x, y)
-    return ans, (lambda g: g * twice * half, lambda g: g * (2 - twice) * half)
+    return ans, _shared_chains(twice, half)
 
 @defvwc(np.float_power, broadcasts=True)
 def float_power_vwc(x, y):
     "x ** y in float64, with power's rules (see 03a): x**0 is constant, and the slope in y needs x > 0."
-    ans = np.float_power(x, y)
-    return ans, (lambda g: g * y * np.float_power(x, np.where(np.equal(y, 0), 1, y - 1)),
-                 lambda g: g * ans * np.log(np.where(x > 0, x, 1)))
+    ans, zero, positive = np.float_power(x, y), np.equal(y, 0), x > 0
+    return ans, (lambda g: np.where(zero, 0, g * y * np.float_power(x, np.where(zero, 1, y - 1))),
+                 lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
 @defvwc(np.fmod, broadcasts=True)
 def fmod_vwc(x, y):
@@ -193,9 +194,15 @@ def copysign_vwc(x, y):
     ans = np.copysign(x, y)
     return ans, (lambda g: g * np.sign(x) * np.sign(ans), None)
 
-NONDIFFERENTIABLE.update({np.heaviside, np.fix, np.around, np.signbit, np.isneginf, np.isposinf, np.isreal,
-                          np.iscomplex, np.spacing, np.argpartition, np.searchsorted, np.digitize, np.histogram,
-                          np.bincount, np.nanargmax, np.nanargmin, np.isin, np.array_equiv, np.lexsort})
+@defvwc(np.heaviside, broadcasts=True)
+def heaviside_vwc(x, h):
+    "0 below 0, 1 above and `h` at 0: a step, flat in x; in h, slope 1 where x is 0."
+    at_zero = np.equal(x, 0)
+    return np.heaviside(x, h), (None, lambda g: np.where(at_zero, g, 0))
+
+NONDIFFERENTIABLE.update({np.fix, np.around, np.signbit, np.isneginf, np.isposinf, np.isreal,
+                          np.iscomplex, np.spacing, np.argpartition, np.searchsorted, np.digitize,
+                          np.nanargmax, np.nanargmin, np.isin, np.array_equiv, np.lexsort})
 
 # %% ../nbs/03a1_more_primitives.ipynb #brd3d078
 @defvwc(np.prod, unary=True)
@@ -235,7 +242,7 @@ def cumprod_vwc(x, *, axis):
         n, xp = xm.shape[-1], _module(x)
         without = np.cumprod(np.where(xp.eye(n, dtype=bool), 1, xm[..., None, :]), axis=-1)   # [j, i]: prod_{k<=i, k!=j}
         later = xp.triu(xp.ones((n, n), dtype=bool))                                           # [j, i]: i >= j
-        return np.moveaxis(np.sum(without * (gm[..., None, :] * later), axis=-1), -1, axis)
+        return np.moveaxis(np.sum(without * np.where(later, gm[..., None, :], 0), axis=-1), -1, axis)
     return ans, chain
 
 @defvwc(name='norm2', unary=True)
@@ -245,7 +252,7 @@ def norm2_vwc(x, *, axis=None, keepdims=False):
     def chain(g):
         s = _expand(ans, np.shape(x), axis, keepdims)
         positive = s > 0
-        return _expand(g, np.shape(x), axis, keepdims) * np.where(positive, x / np.where(positive, s, 1), 0)
+        return np.where(positive, _expand(g, np.shape(x), axis, keepdims) * (x / np.where(positive, s, 1)), 0)
     return ans, chain
 
 norm2 = norm2_vwc.primitive
@@ -337,7 +344,7 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
     ids = xp.arange(np.size(indices)).reshape(np.shape(indices))
     np.put_along_axis(writer, indices, ids, axis)
     kept = np.take_along_axis(writer, indices, axis) == ids     # a value overwritten by a repeated index has no slope
-    chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(np.take_along_axis(g, indices, axis) * kept, vshape))
+    chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(_select(kept, np.take_along_axis(g, indices, axis)), vshape))
     if _traced(arr) or _traced(values): return put_along_axis(arr, values, indices=indices, axis=axis), chains
     out = arr.copy()
     np.put_along_axis(out, indices, values, axis)

@@ -764,6 +764,26 @@ def partition_draw(data):
     kth = data.draw(st.integers(-n, n - 1) | st.lists(st.integers(0, n - 1), min_size=1, max_size=2, unique=True))
     return [values(data, shape, 'distinct')], dict(kth=kth, axis=axis)
 spec("np.partition", ["numpy.partition"], lambda x, **k: np.partition(x, **k), partition_draw, note='distinct values: no ties')
+# results that move with a float input (issue 17): they have derivatives now, not a place in the no-derivative table
+spec("np.unique", ["numpy.unique"], lambda x: np.unique(x), one(kind='distinct'), note='distinct values: each its own first occurrence')
+def bincount_draw(data):
+    n = data.draw(st.integers(1, 5))                   # none: NumPy's result is integer zeros, with no derivative
+    index = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).integers(0, 4, n)
+    return [values(data, (n,))], dict(index=index, minlength=data.draw(st.integers(0, 6)))
+spec("np.bincount", ["numpy.bincount"], lambda w, index, minlength: np.bincount(index, weights=w, minlength=minlength),
+     bincount_draw, exact=False, note='traced weights, each summed into its bin')
+def histogram_draw(density):
+    def draw(data):
+        n = data.draw(st.integers(2, 8))                # one value sits on the middle edge of its own range
+        return [values(data, (n,)), values(data, (n,), 'positive')], dict(bins=data.draw(st.integers(1, 4)), density=density)
+    return draw
+spec("np.histogram", ["numpy.histogram"], lambda a, w, **k: np.concatenate(np.histogram(a, weights=w, **k)), histogram_draw(False),
+     exact=False, note='counts and edges joined; random values, none on an inner edge; the edges follow min and max')
+spec("np.histogram (density)", ["numpy.histogram"], lambda a, w, **k: np.concatenate(np.histogram(a, weights=w, **k)),
+     histogram_draw(True), exact=False, float64_value=True, note='as NumPy, a density is float64')
+spec("np.heaviside", ["numpy.heaviside"], lambda h, x: np.heaviside(x.astype(np.float32), h),   # x float32: h sets the precision
+     lambda data: (lambda s: ([values(data, s)], dict(x=np.round(values(data, s)))))(data.draw(shape_st())),
+     note='x rounded: zeros, where the value is h')
 def compress_draw(data):
     shape = data.draw(shape_st(min_dims=1))
     axis = data.draw(st.none() | st.integers(-len(shape), len(shape) - 1))
