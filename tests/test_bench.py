@@ -66,3 +66,13 @@ def test_compare_accepts_close_and_refuses_wrong_gradients():
     assert not compare((1.5, ref[1]), ref, (1e-3, 1e-4))[0]                      # a different loss
     assert not compare((1.0, [np.ones(3)]), ref, (1e-3, 1e-4))[0]                # a gradient missing
     assert not compare((1.0, [np.ones(4), np.arange(4.0)]), ref, (1e-3, 1e-4))[0]   # a wrong shape
+
+def test_the_optimizer_comparison_trains_each_optimizer_from_the_same_start():
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import optimizers
+    data = tuple(np.asarray(a) for a in optimizers.load_mnist(verbose=False))
+    small = (data[0][:640], data[1][:640], data[2][:200], data[3][:200])
+    untrained = optimizers.accuracy(optimizers.fresh(), small[2], small[3])
+    for make in optimizers.OPTIMIZERS.values():
+        acc, loss = optimizers.train(make, small, steps=20)
+        assert acc > untrained and np.isfinite(loss)         # each one learned something from the same start
