@@ -14,7 +14,7 @@ from . import backend, engine, transforms
 from .errors import ArgumentError, DifferentiationError
 from .primitives import Primitive
 from .transforms import (value_with_pullback, differentiable_function, _Parts, _zeros_like, _split_chain,
-                               _refuse_foreign_traces)
+                               _refuse_foreign_traces, rules_in_force, rules_restored)
 from .tree import flatten, is_container
 
 # %% ../nbs/05_checkpointing.ipynb #4639f9ff
@@ -163,43 +163,6 @@ def _check_replayed(name, fingerprint, again):
                 f"with_recomputation_in_pullbacks, discarding_activations or checkpoint_sequential), or draw from "
                 f"fastad's generator (random_normal)")
 
-def _rules_in_force():
-    "The derivatives registered now (`derivative`): {id(of): (its redirection, its registrations)}."
-    if not transforms._REDIRECTIONS: return {}          # the usual case, read without the lock
-    with transforms._LOCK: return {k: (r, tuple(r.stack)) for k, r in transforms._REDIRECTIONS.items()}
-
-def _top(entry): return entry[1][-1] if entry else None
-
-def _switch(key, old, new):
-    "Put the registrations of entry `new` in force (none: the function as it is) in place of those of entry `old`."
-    if old is not None: old[0].restore()
-    if new is None: transforms._REDIRECTIONS.pop(key, None)
-    else:
-        r, stack = new
-        r.stack = list(stack)
-        r.install(stack[-1].function)
-        transforms._REDIRECTIONS[key] = r
-
-class _rules_of:
-    """Context manager: the derivatives of `rules` (from `_rules_in_force`) are in force inside, those in force now
-    again afterwards. Where they differ, the registry stays locked meanwhile (after the replay lock: one order)."""
-    def __init__(self, rules): self.rules, self.changes = rules, None
-    def __enter__(self):
-        if not self.rules and not transforms._REDIRECTIONS: return
-        _REPLAYS.acquire(); transforms._LOCK.acquire()
-        now = _rules_in_force()
-        self.changes = [(k, now.get(k), self.rules.get(k)) for k in {*now, *self.rules}
-                        if _top(now.get(k)) is not _top(self.rules.get(k))]
-        if not self.changes: return self.__exit__()
-        for k, old, new in self.changes: _switch(k, old, new)
-    def __exit__(self, *exc):
-        if self.changes is None: return
-        try:
-            for k, old, new in self.changes: _switch(k, new, old)
-        finally:
-            self.changes = None
-            transforms._LOCK.release(); _REPLAYS.release()
-
 def make_recomputed_in_gradient(f, generators=()):
     """`f`, except that when it is differentiated its pullback runs `f` again instead of keeping the values
     `f`'s own pullback would save: less memory between the forward and the backward pass, one more forward run.
@@ -224,7 +187,7 @@ def make_recomputed_in_gradient(f, generators=()):
 
     def recomputed_vjp(*args, **kwargs):
         "f's value, computed on plain values (nothing taped, nothing saved), and a pullback that runs f again."
-        snapshot, rules = random_state(generators), _rules_in_force()
+        snapshot, rules = random_state(generators), rules_in_force()
         value = f(*args, **kwargs)
         _refuse_foreign_traces(name, value, args)        # a traced value reached through a closure: refused now
         drawn = [s for s in snapshot if s.moved()]       # only the generators f drew from are kept, to replay
@@ -232,7 +195,7 @@ def make_recomputed_in_gradient(f, generators=()):
         def leaf_cotangents(g):
             log = engine._log.get()                        # the trace_primitives log open here, if any
             if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f
-            with replaying(drawn), _rules_of(rules): again, cts = _recomputed(f, args, kwargs, like(g) if like else g)
+            with replaying(drawn), rules_restored(rules, first=_REPLAYS): again, cts = _recomputed(f, args, kwargs, like(g) if like else g)
             _check_replayed(name, fingerprint, again)
             return cts
         return value, leaf_cotangents

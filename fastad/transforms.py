@@ -4,14 +4,14 @@
 
 # %% auto #0
 __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_with_gradient', 'gradient', 'CustomFunction',
-           'differentiable_function', 'Registration', 'derivative', 'registered_derivative', 'without_derivative',
-           'with_derivative']
+           'differentiable_function', 'Registration', 'derivative', 'registered_derivative', 'rules_in_force',
+           'rules_restored', 'without_derivative', 'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
 import functools, inspect, sys, threading, types, warnings
 import numpy as np
 from .backend import array_module, is_array, to_host
-from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
+from .primitives import Primitive, REGISTRY, entry
 from . import engine
 from .engine import Trace, Traced, apply, backward, unbox, full_collections_paused
 from .errors import DifferentiationError, NonScalarOutputError
@@ -81,7 +81,7 @@ def _value_with_pullback(f, args, once=False):
         finally: trace.active = False
     outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
     value = rebuild_out([unbox(o, trace) for o in outs])
-    mine = [o if type(o) is Traced and o.trace is trace else None for o in outs]
+    mine = [o if type(o) is Traced and o._trace is trace else None for o in outs]
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
                       f"derivative is always zero; if that is intended, say so with without_derivative",
@@ -132,7 +132,7 @@ def value_with_gradient(f, *args, has_aux=False):
 
 def _finished(x):
     "`x` without the levels of transforms that have ended (those still running keep theirs)."
-    while type(x) is Traced and not x.trace.active: x = x.value
+    while type(x) is Traced and not x._trace.active: x = x.value
     return x
 
 def _with_aux(f, args):
@@ -212,7 +212,7 @@ def _split_chain(pullback, n):
 
 def _mark_wanted(result):
     "Tell the split chains of the custom function that made traced `result` which of them its tape entry will run."
-    parents = result.trace.tape[result.idx][1]
+    parents = result._trace.tape[result.idx][1]
     chains = [c for _, c in parents if hasattr(c, 'wanted')]
     if chains: chains[0].wanted[0] = frozenset(c.input for c in chains)
 
@@ -244,7 +244,7 @@ def _traces(x):
     found = set()
     for leaf in (flatten(x, static_ok=True)[0] if is_container(x) else (x,)):
         while type(leaf) is Traced:
-            found.add(leaf.trace)
+            found.add(leaf._trace)
             leaf = leaf.value
     return found
 
@@ -422,30 +422,14 @@ class _Redirection:
             self.restore()
             del _REDIRECTIONS[id(self.of)]
 
-class _UfuncRedirection(_Redirection):
-    "A NumPy ufunc: its entry in the engine's ufunc table (and so the operators: `a + b` for `np.add`)."
+class _RegistryRedirection(_Redirection):
+    """A NumPy ufunc or function (found through NumPy's dispatch): its row of the registry holds the stack of rules
+    (the operators read it too: `a + b` for `np.add`); the row's own adapter steps aside while a rule is in force."""
     def __init__(self, of):
         super().__init__(of)
-        self.saved = UFUNC_PRIMITIVES.get(of)
-    def install(self, fn): self._set(fn)
-    def restore(self): self._set(self.saved)
-    def _set(self, prim):
-        if prim is None: UFUNC_PRIMITIVES.pop(self.of, None)
-        else: UFUNC_PRIMITIVES[self.of] = prim
-        engine.refresh_operators()
-
-class _NumpyFunctionRedirection(_Redirection):
-    "A NumPy function found through `__array_function__`: its entry in the function table; the engine's own adapter steps aside."
-    def __init__(self, of):
-        super().__init__(of)
-        self.saved = FUNCTION_PRIMITIVES.get(of), engine._ADAPTERS.get(of)
-    def install(self, fn):
-        FUNCTION_PRIMITIVES[self.of] = fn
-        engine._ADAPTERS.pop(self.of, None)
-    def restore(self):
-        for table, saved in zip((FUNCTION_PRIMITIVES, engine._ADAPTERS), self.saved):
-            if saved is None: table.pop(self.of, None)
-            else: table[self.of] = saved
+        self.row = entry(of)
+    def install(self, fn): self.row.set_rules([r.function for r in self.stack])   # `fn` is the stack's last
+    def restore(self): self.row.set_rules([])
 
 @functools.lru_cache(maxsize=None)
 def _trampoline(n_free):
@@ -515,8 +499,8 @@ class _NameRedirection(_Redirection):
 def _redirection(of, caller_globals):
     "The redirection of `of`'s calls, made on its first registration."
     if id(of) in _REDIRECTIONS: return _REDIRECTIONS[id(of)]
-    if isinstance(of, np.ufunc): r = _UfuncRedirection(of)
-    elif hasattr(of, '_implementation') and (getattr(of, '__module__', None) or '').startswith('numpy'): r = _NumpyFunctionRedirection(of)
+    if isinstance(of, np.ufunc) or (hasattr(of, '_implementation') and (getattr(of, '__module__', None) or '').startswith('numpy')):
+        r = _RegistryRedirection(of)
     elif isinstance(of, types.FunctionType): r = _PythonFunctionRedirection(of)
     else:
         namespaces = [ns for ns in (getattr(of, '__globals__', None), caller_globals) if ns is not None]
@@ -555,11 +539,51 @@ def registered_derivative(of):
         redirection = _REDIRECTIONS.get(id(of))
         return redirection.stack[-1] if redirection is not None and redirection.of is of else None
 
+# %% ../nbs/03d_transforms.ipynb #rg000005
+def rules_in_force():
+    "A snapshot of the derivatives registered now (`derivative`), for `rules_restored`: {id(of): (redirection, registrations)}."
+    if not _REDIRECTIONS: return {}          # the usual case, read without the lock
+    with _LOCK: return {k: (r, tuple(r.stack)) for k, r in _REDIRECTIONS.items()}
+
+def _top(entry): return entry[1][-1] if entry else None
+
+def _switch(key, old, new):
+    "Put the registrations of snapshot entry `new` in force (none: the function as it is) in place of those of `old`."
+    if old is not None: old[0].restore()
+    if new is None: _REDIRECTIONS.pop(key, None)
+    else:
+        r, stack = new
+        r.stack = list(stack)
+        r.install(stack[-1].function)
+        _REDIRECTIONS[key] = r
+
+class rules_restored:
+    """Context manager: the derivatives of `snapshot` (from `rules_in_force`) are in force inside, those in force now
+    again afterwards. Where they differ, the registry stays locked meanwhile, taken after the lock `first` (one order)."""
+    def __init__(self, snapshot, first=None): self.snapshot, self.first, self.changes = snapshot, first, None
+    def __enter__(self):
+        if not self.snapshot and not _REDIRECTIONS: return
+        if self.first is not None: self.first.acquire()
+        _LOCK.acquire()
+        now = rules_in_force()
+        self.changes = [(k, now.get(k), self.snapshot.get(k)) for k in {*now, *self.snapshot}
+                        if _top(now.get(k)) is not _top(self.snapshot.get(k))]
+        if not self.changes: return self.__exit__()
+        for k, old, new in self.changes: _switch(k, old, new)
+    def __exit__(self, *exc):
+        if self.changes is None: return
+        try:
+            for k, old, new in self.changes: _switch(k, new, old)
+        finally:
+            self.changes = None
+            _LOCK.release()
+            if self.first is not None: self.first.release()
+
 # %% ../nbs/03d_transforms.ipynb #c3d5e7f9
 def _stop(x):
     "The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose."
     while type(x) is Traced:
-        x.trace.stopped = True
+        x._trace.stopped = True
         x = x.value
     return x
 

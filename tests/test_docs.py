@@ -199,7 +199,7 @@ def test_numpy_table_is_the_registry(site):
     assert rows == [n for ns in functions.values() for n in ns], "every supported function once, group by group"
     assert re.findall(r'<h2 id="[\w-]+">([\w ]+)</h2>', table)[:len(supported)] == list(supported), "its groups, in its order"
     for method in supported.get('method forms', []): assert f'<code>{method}</code>' in table, method
-    registered = set(P.UFUNC_PRIMITIVES) | set(P.FUNCTION_PRIMITIVES) | set(E._ADAPTERS)
+    registered = set(P.REGISTRY)
     plain = set(re.findall(r'<code>(numpy\.[\w.]+)</code>', rest))
     assert plain == {D._public_name(f) for f in P.NONDIFFERENTIABLE - registered}     # numpy.linalg.matrix_rank, ...
     assert not plain & set(rows), "a function is either differentiated or run on plain values, never both"

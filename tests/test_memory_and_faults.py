@@ -11,7 +11,7 @@ import numpy as np, pytest
 import fastad as fd
 from fastad import engine, backend
 from fastad.backend import to_device, to_host
-from fastad.primitives import UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
+from fastad.primitives import REGISTRY
 from fastad.strict import StrictArray
 
 # --- what the engine holds between transforms -----------------------------------------------------------------
@@ -26,8 +26,8 @@ def live_traces():
 
 def engine_state():
     "What a transform may change only while it runs: the log, the backend, the registries and the adapters."
-    adapters = getattr(engine, '_ADAPTERS', {})
-    return (active_log(), backend.get_backend(), dict(UFUNC_PRIMITIVES), dict(FUNCTION_PRIMITIVES), dict(adapters),
+    rows = {f: (row.primitive, row.adapt, row.rule, tuple(row.rules)) for f, row in REGISTRY.items()}
+    return (active_log(), backend.get_backend(), rows,
             sum(t.active for t in live_traces()))
 
 @contextlib.contextmanager

@@ -748,6 +748,7 @@ spec("np.diagflat", ["numpy.diagflat"], lambda x, k: np.diagflat(x, k),
 spec("np.diagonal", ["numpy.diagonal"], lambda x, **k: np.diagonal(x, **k), diagonal_draw)
 spec("np.linalg.diagonal", ["numpy.diagonal"], lambda x, offset, **_: np.linalg.diagonal(x, offset=offset), diagonal_draw)
 spec("x.diagonal", ["Traced.diagonal"], lambda x, offset, axis1, axis2: x.diagonal(offset, axis1, axis2), diagonal_draw)
+spec("x.trace", ["Traced.trace"], lambda x, **k: x.trace(**k), diagonal_draw, note="NumPy's trace: the engine's own slot is _trace")
 tri_draw = lambda data: ([values(data, data.draw(shape_st(min_dims=1)))], dict(k=data.draw(st.integers(-3, 3))))
 spec("np.triu", ["numpy.triu"], lambda x, k: np.triu(x, k), tri_draw, note='a 1-d input is a row repeated into a matrix')
 spec("np.tril", ["numpy.tril"], lambda x, k: np.tril(x, k), tri_draw)
@@ -911,17 +912,6 @@ PLAIN_RESULTS = {   # entry point: (a call on traced x, the same call on plain a
     'Traced.round': lambda x: x.round(1), 'Traced.searchsorted': lambda x: np.sort(x).searchsorted([0.2, 1.5]),
 }
 
-def adapter_tables():
-    "The engine's NumPy adapter tables (`_ADAPTERS`), wherever the engine keeps them (its core, or a module beside it)."
-    tables = []
-    for info in pkgutil.iter_modules(fd.__path__):
-        if info.name in ('data',): continue                     # data loading: no adapters, and slow to import
-        module = importlib.import_module(f"fastad.{info.name}")
-        for attr in ('_ADAPTERS', 'ADAPTERS'):
-            table = getattr(module, attr, None)
-            if isinstance(table, dict) and not any(table is t for t in tables): tables.append(table)
-    return tables
-
 def traced_members():
     "Every function or property the traced value defines: its operators, methods and attributes."
     return {name for name, v in vars(engine.Traced).items()
@@ -929,9 +919,8 @@ def traced_members():
 
 def entry_points():
     "Every way user code reaches a derivative: NumPy ufuncs and functions the engine routes, traced members, fastad exports."
-    points = {f"numpy.{u.__name__}" for u in P.UFUNC_PRIMITIVES}
-    points |= {f"numpy.{f.__name__}" for f in P.FUNCTION_PRIMITIVES}
-    for table in adapter_tables(): points |= {f"numpy.{f.__name__}" for f in table}
+    points = {f"numpy.{f.__name__}" for f, row in P.REGISTRY.items() if row.primitive is not None}
+    points |= {f"numpy.{f.__name__}" for f, row in P.REGISTRY.items() if row.adapt is not None}
     points |= {f"Traced.{name}" for name in traced_members() - NOT_OPERATIONS}
     points |= {f"fastad.{name}" for name in dir(fd) if isinstance(getattr(fd, name), P.Primitive)}
     points |= {f"fastad.primitives.{name}" for name in P.__all__
@@ -947,8 +936,7 @@ def all_primitives():
         for v in vars(module).values():
             for p in (v, getattr(v, 'primitive', None)):
                 if type(p) is P.Primitive: found.add(p.name)
-    for table in (P.UFUNC_PRIMITIVES, P.FUNCTION_PRIMITIVES):
-        found |= {p.name for p in table.values() if type(p) is P.Primitive}
+    found |= {row.primitive.name for row in P.REGISTRY.values() if type(row.primitive) is P.Primitive}
     return found
 
 def test_every_entry_point_has_a_spec():

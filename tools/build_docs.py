@@ -270,7 +270,7 @@ def registry():
     import numpy as np
     supported = D.supported_functions()
     listed = {n for names in supported.values() for n in names}
-    registered = set(P.UFUNC_PRIMITIVES) | set(P.FUNCTION_PRIMITIVES) | (set(D._ADAPTERS) - {np.ufunc})
+    registered = set(P.REGISTRY) - {np.ufunc}
     refused = sorted(n for n in map(numpy_name, registered) if n not in listed and n.startswith('numpy'))
     plain = sorted(n for n in map(numpy_name, P.NONDIFFERENTIABLE - registered) if n not in listed)
     return supported, refused, plain
@@ -297,8 +297,8 @@ def numpy_row(name, links, dispatch_page):
     f = numpy_function(name)
     if f is None: problem(f"supported_functions() names {name}, which NumPy does not have"); return ''
     ufunc = isinstance(f, np.ufunc)
-    prim = P.UFUNC_PRIMITIVES.get(f) if ufunc else P.FUNCTION_PRIMITIVES.get(f)
-    adapter = None if ufunc else E._ADAPTERS.get(f)                  # the engine asks the adapter first
+    row = P.REGISTRY.get(f)
+    prim, adapter = (row.rule, None if ufunc else row.adapt) if row else (None, None)   # the engine asks the adapter first
     vwc = getattr(prim, 'vwc', None)
     link = links.get(f'{vwc.__module__}.{vwc.__name__}') if vwc else None
     how = 'ufunc' if ufunc else ('adapter' if adapter else 'function')

@@ -1,0 +1,56 @@
+"Issue 18: one registry, one rule form, names that don't collide."
+import numpy as np, pytest
+import fastad as fd
+
+def test_trace_method_is_numpys_trace():
+    "Traced's own slot is `_trace`: `x.trace()` is NumPy's trace, differentiated (it raised \"'Trace' object is not callable\")."
+    np.testing.assert_array_equal(fd.gradient(lambda x: x.trace(), np.eye(2)), np.eye(2))
+    x = np.arange(6.).reshape(2, 3)
+    np.testing.assert_array_equal(fd.gradient(lambda x: x.trace(offset=1), x), [[0, 1, 0], [0, 0, 1]])
+    assert fd.gradient(lambda x: (x * x).trace(), np.eye(3) * 2).tolist() == (np.eye(3) * 4).tolist()
+
+from fastad import engine, dispatch, linalg
+from fastad.primitives import REGISTRY, Entry
+
+def test_one_table():
+    "The engine, the adapters and the linear-algebra rules share one table; no module keeps a second one."
+    for module in (engine, dispatch, linalg): assert not hasattr(module, '_ADAPTERS') and not hasattr(module, 'ADAPTERS')
+    assert not hasattr(engine, 'refresh_operators')
+    assert all(type(row) is Entry for row in REGISTRY.values())
+    row = REGISTRY[np.sum]                                   # primitive and adapter in one row: the adapter uses it
+    assert row.primitive.name == 'sum' and row.adapt is not None and row.rule is row.primitive and not row.rules
+
+def test_derivative_of_a_numpy_function_is_pushed_onto_its_row():
+    row, calls = REGISTRY[np.sum], []
+    def sum_vjp(x, axis=None):
+        calls.append(axis)
+        return np.sum(x, axis=axis), lambda g: 2 * np.ones_like(x) * g
+    with fd.derivative(of=np.sum, vjp=sum_vjp) as registration:
+        assert len(row.rules) == 1 and row.rule is registration.function
+        assert fd.gradient(lambda x: np.sum(x), np.ones(3)).tolist() == [2., 2., 2.] and calls == [None]
+    assert row.rules == [] and row.rule is row.primitive and row.adapt is not None     # undo popped it
+    assert fd.gradient(lambda x: np.sum(x, axis=0), np.ones(3)).tolist() == [1., 1., 1.]
+
+def test_operators_read_the_row():
+    "A derivative of np.add reaches `x + y` with no refresh step, and undo gives `+` its own rule back."
+    def add_vjp(x, y): return x + y, lambda g: (3 * g, 0 * g)
+    with fd.derivative(of=np.add, vjp=add_vjp):
+        assert fd.gradient(lambda x, y: (x + y).sum(), np.ones(2), np.ones(2))[0].tolist() == [3., 3.]
+    assert fd.gradient(lambda x, y: (x + y).sum(), np.ones(2), np.ones(2))[0].tolist() == [1., 1.]
+
+def test_a_new_row_leaves_when_its_last_rule_is_undone():
+    assert np.linalg.eigvals not in REGISTRY
+    with fd.derivative(of=np.linalg.eigvals, vjp=lambda a: (np.linalg.eigvals(a), lambda g: g)):
+        assert REGISTRY[np.linalg.eigvals].rules
+    assert np.linalg.eigvals not in REGISTRY
+
+def test_supported_functions_reads_refusals_from_the_table():
+    "A refusal is a flag on its row, not a function name: renaming the adapter changes nothing."
+    row = REGISTRY[np.copyto]
+    assert row.refused
+    old = row.adapt.__name__
+    try:
+        row.adapt.__name__ = 'renamed'
+        names = {n for ns in dispatch.supported_functions().values() for n in ns}
+        assert 'numpy.copyto' not in names and 'numpy.put_along_axis' not in names and 'x.sort' not in names
+    finally: row.adapt.__name__ = old
