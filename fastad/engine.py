@@ -395,9 +395,9 @@ _PAUSED = 1 << 30                 # the oldest generation's threshold while a ta
 _collector_lock = threading.Lock()
 _collector_users, _collector_saved = 0, None
 
-def _count_tapes(before, after):
+def _set_tapes(before, after):
     """Move the count of tapes in use from `before` to `after`: the first pauses full collections, the last restores
-    them (restore first, then count). Running it twice does no more than once: an interrupted call is run again."""
+    them (restore first, then count). Running it twice does no more than once."""
     global _collector_users, _collector_saved
     t0, t1, t2 = gc.get_threshold()
     if before == 0 and after > 0 and t2 != _PAUSED:
@@ -405,19 +405,22 @@ def _count_tapes(before, after):
     if after == 0 and t2 == _PAUSED: gc.set_threshold(t0, t1, _collector_saved)   # else the user's own setting stands
     _collector_users = after
 
+def _count_tapes(change):
+    "Count a tape in (+1) or out (-1), with the lock held. Interrupted (Ctrl-C), an entry is undone, an exit finished."
+    users = _collector_users
+    try: _set_tapes(users, users + change)
+    except BaseException:
+        if change > 0: _set_tapes(users + change, users)
+        else: _set_tapes(users, users + change)
+        raise
+
 class full_collections_paused:
     "Context manager: the collector's full collections wait while a tape is recorded or swept; young ones still run."
+    # One statement each: nothing runs after the count changes, so no interrupt can land between the two.
     def __enter__(self):
-        with _collector_lock:
-            users = _collector_users
-            try: _count_tapes(users, users + 1)
-            except BaseException: _count_tapes(users + 1, users); raise   # interrupted (Ctrl-C): as if never entered
-        return self
+        with _collector_lock: return _count_tapes(+1) or self
     def __exit__(self, *exc):
-        with _collector_lock:
-            users = _collector_users
-            try: _count_tapes(users, users - 1)
-            except BaseException: _count_tapes(users, users - 1); raise   # interrupted: finish leaving, then stop
+        with _collector_lock: _count_tapes(-1)
 
 # %% ../nbs/03b_engine.ipynb #162b3cc0
 def trace():
@@ -460,9 +463,10 @@ class trace_primitives:
             raise DifferentiationError("trace_primitives: this log is open in another thread, and a log belongs to "
                                        "the thread that opens it: open one trace_primitives() per thread")
         block = (object(), _log.get())        # a key for this block, and the log to restore when it ends
-        try: self._open(block)
+        try:
+            self._open(block)
+            return self.log                   # inside the try: an interrupt here too is undone (`with` calls no __exit__)
         except BaseException: self._close(block); raise      # interrupted (Ctrl-C): as if never entered
-        return self.log
     def __exit__(self, *exc):
         block = self._blocks[-1]
         try: self._close(block)
