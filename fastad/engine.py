@@ -324,6 +324,8 @@ class Traced:
 
     def __getattr__(self, name):
         "Only reached for names Traced lacks: an array method with no derivative gets an error that says so."
+        if name in _SLOTS: raise AttributeError(name)   # a slot not set yet: answer without reading it (no recursion)
+        if name in _HABITS: raise NoDerivativeMethodError(f"a traced value has no .{name}: {_HABITS[name]}")
         if name in _PLAIN_METHODS: return getattr(unbox(self), name)     # results with no derivative to lose
         if not name.startswith('_') and hasattr(unbox(self), name):
             raise _no_derivative(f"{type(unbox(self)).__name__}.{name}", attribute=True)
@@ -355,28 +357,70 @@ def is_traced(x):
     "Is `x` a value being differentiated?"
     return type(x) is Traced
 
+# %% ../nbs/03b_engine.ipynb #5e1f0a02
+_SLOTS = frozenset(Traced.__slots__)
+_HABITS = {     # what PyTorch, JAX and autograd users reach for, and what to write in fastad
+    'backward': "fastad computes gradients with a transform: write the loss as a function f and call "
+                "fastad.gradient(f, x), or fastad.value_with_gradient(f, x) for the loss too",
+    'grad': "gradients are not stored on values: fastad.gradient(f, x) returns them",
+    'grad_fn': "the recording is internal to the transform; fastad.draw(f, x) shows it",
+    'requires_grad': "fastad differentiates with respect to the arguments you pass: fastad.gradient(f, x) "
+                     "(choose some with argnums=)",
+    'requires_grad_': "fastad differentiates with respect to the arguments you pass: fastad.gradient(f, x)",
+    'retain_grad': "use fastad.with_derivative(y, hook) to see the cotangent of an intermediate value",
+    'detach': "use fastad.without_derivative(y) for a value no derivative flows through",
+    'numpy': "use fastad.without_derivative(y) for a plain value (no derivative flows through it)",
+    'zero_grad': "nothing accumulates between calls: each fastad.gradient(f, x) starts from zero",
+}
+
+def _copy(self, memo=None):
+    "`copy.copy` and `copy.deepcopy` of a traced value: the value itself, which nothing changes in place (as `.copy()`)."
+    return self
+
+def _refuse_pickle(self, protocol=None):
+    raise DifferentiationError("pickle: a traced value cannot be pickled: it belongs to a transform that is running, "
+                               "and its tape lives only until the transform returns. Pickle "
+                               "fastad.without_derivative(y), or the transform's result, instead")
+
+def _format(self, spec):
+    "`f'{loss:.3f}'`: the value, formatted as NumPy formats it (`f'{loss}'`, with no format, shows the traced value)."
+    return format(unbox(self), spec) if spec else str(self)
+
+Traced.__copy__, Traced.__deepcopy__ = _copy, _copy
+Traced.__reduce_ex__, Traced.__reduce__ = _refuse_pickle, _refuse_pickle
+Traced.__format__ = _format
+
 # %% ../nbs/03b_engine.ipynb #e8ba8422
 _PAUSED = 1 << 30                 # the oldest generation's threshold while a tape is in use: never reached
 _collector_lock = threading.Lock()
 _collector_users, _collector_saved = 0, None
 
+def _set_tapes(before, after):
+    """Move the count of tapes in use from `before` to `after`: the first pauses full collections, the last restores
+    them (restore first, then count). Running it twice does no more than once."""
+    global _collector_users, _collector_saved
+    t0, t1, t2 = gc.get_threshold()
+    if before == 0 and after > 0 and t2 != _PAUSED:
+        _collector_saved = t2; gc.set_threshold(t0, t1, _PAUSED)
+    if after == 0 and t2 == _PAUSED: gc.set_threshold(t0, t1, _collector_saved)   # else the user's own setting stands
+    _collector_users = after
+
+def _count_tapes(change):
+    "Count a tape in (+1) or out (-1), with the lock held. Interrupted (Ctrl-C), an entry is undone, an exit finished."
+    users = _collector_users
+    try: _set_tapes(users, users + change)
+    except BaseException:
+        if change > 0: _set_tapes(users + change, users)
+        else: _set_tapes(users, users + change)
+        raise
+
 class full_collections_paused:
     "Context manager: the collector's full collections wait while a tape is recorded or swept; young ones still run."
+    # One statement each: nothing runs after the count changes, so no interrupt can land between the two.
     def __enter__(self):
-        global _collector_users, _collector_saved
-        with _collector_lock:
-            if _collector_users == 0:
-                t0, t1, _collector_saved = gc.get_threshold()
-                gc.set_threshold(t0, t1, _PAUSED)
-            _collector_users += 1
-        return self
+        with _collector_lock: return _count_tapes(+1) or self
     def __exit__(self, *exc):
-        global _collector_users
-        with _collector_lock:
-            _collector_users -= 1
-            if _collector_users == 0:
-                t0, t1, t2 = gc.get_threshold()
-                if t2 == _PAUSED: gc.set_threshold(t0, t1, _collector_saved)   # else the user's own setting stands
+        with _collector_lock: _count_tapes(-1)
 
 # %% ../nbs/03b_engine.ipynb #162b3cc0
 def trace():
@@ -385,8 +429,9 @@ def trace():
 
 class PrimitiveLog:
     "Counts (and optionally prints) each primitive run forward and each pullback run backward."
-    def __init__(self, show=False): self.show, self.counts, self.events = show, Counter(), []
+    def __init__(self, show=False): self.show, self.counts, self.events, self.closed = show, Counter(), [], False
     def record(self, phase, name):
+        if self.closed: return            # its block has ended: a context copied inside it records nothing more
         self.counts[phase, name] += 1
         self.events.append((phase, name))
         if self.show: print(f"{phase:>8} {name}")
@@ -396,19 +441,46 @@ class PrimitiveLog:
     def __repr__(self): return f"PrimitiveLog({dict(self.counts)})"
 
 _logging_lock = threading.Lock()
+_open_blocks = set()     # one key per open `trace_primitives` block, in any thread; `_logging` is how many
 
-def _open_logs(change):
+def _open_logs(key, is_open):
+    "Count block `key` open or closed. Running it twice does no more than once."
     global _logging
-    with _logging_lock: _logging += change
+    with _logging_lock:
+        if is_open: _open_blocks.add(key)
+        else: _open_blocks.discard(key)
+        _logging = len(_open_blocks)
 
 class trace_primitives:
     """Context manager: `with trace_primitives(show=True) as log:` counts, and prints, every primitive and
-    pullback that runs in this thread (or asyncio task) inside the block."""
-    def __init__(self, show=False): self.log = PrimitiveLog(show)
+    pullback that runs in this thread (or asyncio task) inside the block. Blocks nest, the same object's too;
+    once its last block ends, the log records nothing more."""
+    def __init__(self, show=False):
+        self.log, self._blocks, self._thread = PrimitiveLog(show), [], None
+        self.log.closed = True                # records only inside a block
     def __enter__(self):
-        self.token = _log.set(self.log)
-        _open_logs(+1)
-        return self.log
+        if self._blocks and self._thread != threading.get_ident():
+            raise DifferentiationError("trace_primitives: this log is open in another thread, and a log belongs to "
+                                       "the thread that opens it: open one trace_primitives() per thread")
+        block = (object(), _log.get())        # a key for this block, and the log to restore when it ends
+        try:
+            self._open(block)
+            return self.log                   # inside the try: an interrupt here too is undone (`with` calls no __exit__)
+        except BaseException: self._close(block); raise      # interrupted (Ctrl-C): as if never entered
     def __exit__(self, *exc):
-        _open_logs(-1)
-        _log.reset(self.token)
+        block = self._blocks[-1]
+        try: self._close(block)
+        except BaseException: self._close(block); raise       # interrupted: finish closing, then stop
+
+    # Each step of _open and _close can run twice with no more effect than once, so an interrupted one is run again.
+    def _open(self, block):
+        _open_logs(block[0], True)
+        _log.set(self.log)
+        self._thread, self.log.closed = threading.get_ident(), False
+        if not any(b is block for b in self._blocks): self._blocks.append(block)
+    def _close(self, block):
+        "Restore first, then forget: the log in force before the block, then the count, then the block itself."
+        _log.set(block[1])
+        _open_logs(block[0], False)
+        self._blocks[:] = [b for b in self._blocks if b is not block]
+        if not self._blocks: self.log.closed = True

@@ -398,8 +398,9 @@ class Registration:
         "Take this derivative back (a second `undo` does nothing)."
         with _LOCK:
             if not self.active: return
-            self.active = False
-            _REDIRECTIONS[id(self.of)].remove(self)
+            redirection = _REDIRECTIONS.get(id(self.of))
+            if redirection is not None and redirection.of is self.of: redirection.remove(self)   # restore first...
+            self.active = False                                                                     # ...then forget
     def __enter__(self): return self
     def __exit__(self, *exc): self.undo()
     def __repr__(self):
@@ -416,11 +417,12 @@ class _Redirection:
         self.stack.append(registration)
         self.install(registration.function)
     def remove(self, registration):
-        self.stack.remove(registration)
-        if self.stack: self.install(self.stack[-1].function)
-        else:
-            self.restore()
-            del _REDIRECTIONS[id(self.of)]
+        "Take `registration` out, restoring what was in force before it first, then forgetting it (safe to repeat)."
+        rest = [r for r in self.stack if r is not registration]
+        if rest: self.install(rest[-1].function)
+        else: self.restore()
+        self.stack = rest
+        if not rest: _REDIRECTIONS.pop(id(self.of), None)
 
 class _UfuncRedirection(_Redirection):
     "A NumPy ufunc: its entry in the engine's ufunc table (and so the operators: `a + b` for `np.add`)."
@@ -490,7 +492,7 @@ class _PythonFunctionRedirection(_Redirection):
     def restore(self):
         f = self.of
         f.__code__, f.__kwdefaults__, signature = self.saved
-        if signature is None: del f.__signature__
+        if signature is None: f.__dict__.pop('__signature__', None)
         else: f.__signature__ = signature
 
 class _NameRedirection(_Redirection):
@@ -528,8 +530,12 @@ def _register(of, vjp, caller_globals):
     if not callable(vjp): raise DifferentiationError(f"derivative: vjp must be a function, not {_describe(vjp)}")
     fn = differentiable_function(vjp, name=_name(of), forward=of)
     registration = Registration(of, vjp, fn)
-    with _LOCK: _redirection(of, caller_globals).push(registration)
-    return registration
+    try:
+        with _LOCK: _redirection(of, caller_globals).push(registration)
+        return registration
+    except BaseException:          # interrupted (Ctrl-C) or refused: no rule stays in force without its handle
+        registration.undo()
+        raise
 
 def derivative(of, vjp=None):
     """Use `vjp` as the derivative of `of` wherever `of` is called: a NumPy function (found through NumPy's
@@ -545,8 +551,13 @@ def derivative(of, vjp=None):
     caller_globals = sys._getframe(1).f_globals
     if vjp is not None: return _register(of, vjp, caller_globals)
     def register(vjp):
-        _register(of, vjp, caller_globals)
-        return vjp
+        registration = None
+        try:
+            registration = _register(of, vjp, caller_globals)
+            return vjp
+        except BaseException:
+            if registration is not None: registration.undo()
+            raise
     return register
 
 def registered_derivative(of):

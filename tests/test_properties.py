@@ -897,6 +897,7 @@ NOT_OPERATIONS = {
     '__floordiv__', '__rfloordiv__', '__round__', '__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__',
     '__bool__', '__float__', '__int__', '__complex__', '__index__', '__len__', '__setitem__',
     'shape', 'dtype', 'ndim', 'size', '__init__', '__new__', '__hash__',
+    '__copy__', '__deepcopy__', '__format__', '__reduce__', '__reduce_ex__',   # tested in test_state_and_habits.py
 }
 
 # Entry points that are not operations either, each checked by a test below instead of a spec: in-place writes,
