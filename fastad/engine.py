@@ -378,11 +378,15 @@ def _holds(v, a, depth):
 def _keeps(chain, a, depth=2):
     "Does `chain` keep array `a` (or a view of its memory) for the backward pass? Not a plain function: assume so."
     if type(chain) is not _function: return True      # a method, a partial, a callable object: cannot tell
-    for cell in chain.__closure__ or ():
+    cells = chain.__closure__
+    if not cells: return False
+    contents = []
+    for cell in cells:
         try: v = cell.cell_contents
         except ValueError: continue                   # a cell not filled yet
-        if _holds(v, a, depth): return True
-    return False
+        if v is a: return True                        # the common case (x * buf keeps buf), found without a walk
+        if type(v) is not float and type(v) is not int: contents.append(v)
+    return any(_holds(v, a, depth) for v in contents)
 
 def lock(trace, a, name):
     """Make the user's array `a` (and its owner, if a view), which `trace`'s primitive `name` keeps, read-only until
