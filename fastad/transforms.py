@@ -8,7 +8,7 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
            'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
-import functools, inspect, sys, threading, types, warnings
+import functools, inspect, sys, threading, types, warnings, weakref
 import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, UFUNC_PRIMITIVES, FUNCTION_PRIMITIVES
@@ -65,8 +65,24 @@ def _cast_like(c, value):
 
 def value_with_pullback(f, *args):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
-    `args` (a tuple when there are several). It can be called many times."""
+    `args` (a tuple when there are several). It can be called many times. Arrays the pullback reads stay
+    read-only while it lives: the value's arrays (read-only views), and the user's arrays that its chains keep."""
     return _value_with_pullback(f, args)
+
+def _read_only(v):
+    "A read-only view of array `v`, the tape's own: a write into it would change what a pullback reads."
+    if type(v) is not np.ndarray or not v.flags.writeable: return v
+    v = v.view()
+    v.flags.writeable = False
+    return v
+
+_pending_releases = set()         # weak references to live pullbacks whose tapes locked a user's array
+
+def _release_when_dropped(pullback, trace):
+    "Give back the arrays `trace` locked once `pullback` is dropped (no weak reference is made if there are none)."
+    if not trace.locks: return
+    def dropped(ref): _pending_releases.discard(ref); engine.release(trace)
+    _pending_releases.add(weakref.ref(pullback, dropped))
 
 def _value_with_pullback(f, args, once=False):
     "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
@@ -76,11 +92,22 @@ def _value_with_pullback(f, args, once=False):
     for i, p in enumerate(primals):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
     trace = Trace()
+    trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
+    recorded = False
     with full_collections_paused():                   # see the engine: the collector would walk the growing tape
-        try: out = f(*rebuild([trace.new_input(p) for p in primals]))
-        finally: trace.active = False
-    outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
-    value = rebuild_out([unbox(o, trace) for o in outs])
+        try:
+            out = f(*rebuild([trace.new_input(p) for p in primals]))
+            recorded = True
+        except ValueError as e:                       # a write into an array the backward pass reads
+            if 'read-only' not in str(e) or not (trace.locks or trace.stopped): raise
+            raise engine.saved_array_written(trace, e) from e
+        finally:
+            trace.active = False
+            if not recorded: engine.release(trace)     # f raised: no tape, nothing stays locked
+    try:
+        outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
+        value = rebuild_out([unbox(o, trace) if once else _read_only(unbox(o, trace)) for o in outs])
+    except BaseException: engine.release(trace); raise
     mine = [o if type(o) is Traced and o.trace is trace else None for o in outs]
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
@@ -98,10 +125,14 @@ def _value_with_pullback(f, args, once=False):
                                            f"the result has shape {np.shape(o.value)}")
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
-        with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+        try:
+            with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+        finally:
+            if once: engine.release(trace)             # the tape is gone: the user's arrays are theirs again
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
         grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)], construct=False)   # no model code runs
         return grads[0] if len(args) == 1 else grads
+    _release_when_dropped(pullback, trace)
     return value, pullback
 
 def pullback(f, *args):
@@ -568,11 +599,13 @@ def registered_derivative(of):
 
 # %% ../nbs/03d_transforms.ipynb #c3d5e7f9
 def _stop(x):
-    "The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose."
+    """The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose.
+    An array comes as a read-only view: it is the tape's own, which a chain may read in the backward pass."""
+    if type(x) is not Traced: return x
     while type(x) is Traced:
         x.trace.stopped = True
         x = x.value
-    return x
+    return _read_only(x)
 
 def without_derivative(x):
     """`x` as a constant: no derivative flows through it, in any transform. Saying so also silences the
