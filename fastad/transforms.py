@@ -293,7 +293,7 @@ def _leaf_spec(leaf):
     if dtype.kind != 'f': dtype = None                  # an integer output carries no derivative: no cast to it
     return np.shape(v), dtype, array_module(v) if is_array(v) else np
 
-def _read_only(c, spec):
+def _at_the_door(c, spec):
     """Cotangent `c` as the custom pullback gets it: an ndarray (never a matrix) of the output's dtype, read-only,
     since the backward pass shares it with other branches and with the caller (a device array: a copy of its own)."""
     if type(c) is Traced: return c                      # a higher order: traced values are never written
@@ -309,17 +309,17 @@ def _read_only(c, spec):
     return c
 
 def _door(value):
-    """`door(g)`: the cotangent `g` of a custom function's result `value` as its pullback receives it (`_read_only`
+    """`door(g)`: the cotangent `g` of a custom function's result `value` as its pullback receives it (`_at_the_door`
     per output, zeros for unused outputs). It keeps `value`'s shapes and dtypes, not its arrays."""
     if not is_container(value):
         spec = _leaf_spec(value)
-        return lambda g: _read_only(g, spec)
+        return lambda g: _at_the_door(g, spec)
     leaves, rebuild = flatten(value, static_ok=True)
     specs = [_leaf_spec(leaf) for leaf in leaves]
     del leaves
     def door(g):
         cts = g.cts if type(g) is _Parts else flatten(g, static_ok=True)[0]
-        return rebuild([module.zeros(shape, dtype or float) if c is None else _read_only(c, (shape, dtype, module))
+        return rebuild([module.zeros(shape, dtype or float) if c is None else _at_the_door(c, (shape, dtype, module))
                         for c, (shape, dtype, module) in zip(cts, specs)])
     return door
 
