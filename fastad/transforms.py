@@ -17,6 +17,30 @@ from .engine import Trace, Traced, apply, backward, unbox, full_collections_paus
 from .errors import DifferentiationError, NonScalarOutputError
 from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, items, map_structure, _describe
 
+# %% ../nbs/03d_transforms.ipynb #a7e1c0d2
+def _differentiated(name, f, args, argnums):
+    """`f` as a function of the arguments `argnums` picks (the others held as they are), those arguments, and
+    what gives the derivatives the form `argnums` asks for (None: as they come; a tuple of one stays a tuple)."""
+    if argnums is None: return f, args, None
+    single = isinstance(argnums, (int, np.integer)) and not isinstance(argnums, (bool, np.bool_))
+    nums = (argnums,) if single else argnums
+    if not isinstance(nums, (tuple, list)) or not nums or not all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in nums):
+        raise DifferentiationError(f"{name}: argnums must be an int or a non-empty tuple of ints, not {argnums!r}")
+    n = len(args)
+    for i in nums:
+        if not -n <= i < n:
+            raise DifferentiationError(f"{name}: argnums={argnums!r} is out of range for {_name(f)} called with {n} "
+                                       f"argument{'s' * (n != 1)} (argnums counts from 0; -1 is the last)")
+    nums = tuple(int(i) % n for i in nums)                  # as JAX: -1 is the last argument
+    if len(set(nums)) != len(nums): raise DifferentiationError(f"{name}: argnums={argnums!r} names an argument twice")
+    def of_picked(*picked):
+        full = list(args)
+        for i, a in zip(nums, picked): full[i] = a
+        return f(*full)
+    of_picked.__name__ = _name(f)                           # errors and warnings name the user's function
+    return of_picked, tuple(args[i] for i in nums), (lambda d: (d,)) if len(nums) == 1 and not single else None
+
 # %% ../nbs/03d_transforms.ipynb #edc2afa1
 class ZeroDerivativeWarning(UserWarning):
     "The result does not depend on the differentiated arguments: their derivative is always zero."
@@ -63,11 +87,14 @@ def _cast_like(c, value):
     if own is not None and own == dtype: return c
     return c.astype(dtype) if hasattr(c, 'astype') else np.dtype(dtype).type(c)
 
-def value_with_pullback(f, *args):
+def value_with_pullback(f, *args, argnums=None):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
-    `args` (a tuple when there are several). It can be called many times. Arrays the pullback reads stay
-    read-only while it lives: the value's arrays (read-only views), and the user's arrays that its chains keep."""
-    return _value_with_pullback(f, args)
+    `args` (a tuple when there are several; only those `argnums` picks). It can be called many times. Arrays the
+    pullback reads stay read-only while it lives: the value's arrays (read-only views), and the user's arrays that
+    its chains keep."""
+    f, args, shaped = _differentiated('value_with_pullback', f, args, argnums)
+    value, pb = _value_with_pullback(f, args)
+    return value, (pb if shaped is None else lambda v: shaped(pb(v)))
 
 def _read_only(v):
     "A read-only view of array `v`, the tape's own: a write into it would change what a pullback reads."
@@ -135,9 +162,9 @@ def _value_with_pullback(f, args, once=False):
     _release_when_dropped(pullback, trace)
     return value, pullback
 
-def pullback(f, *args):
+def pullback(f, *args, argnums=None):
     "The pullback of `f` at `args`: a function from a cotangent of the result to cotangents of the arguments."
-    return value_with_pullback(f, *args)[1]
+    return value_with_pullback(f, *args, argnums=argnums)[1]
 
 # %% ../nbs/03d_transforms.ipynb #c7652e1d
 def _seed(value, f):
@@ -152,22 +179,25 @@ def _seed(value, f):
     if isinstance(value, np.generic): return type(value)(1)
     return np.ones_like(value)
 
-def value_with_gradient(f, *args, has_aux=False):
+def value_with_gradient(f, *args, argnums=None, has_aux=False):
     """`(f(*args), gradient)` for a function `f` with a scalar result; one gradient per argument (a tuple
-    when there are several), each shaped like its argument. With `has_aux=True`, as in JAX, `f` returns
-    `(value, aux)`, aux being anything to take along (predictions, a count), and the result is `((value, aux), gradient)`."""
-    if has_aux: return _with_aux(f, args)
+    when there are several; only those `argnums` picks), each shaped like its argument. With `has_aux=True`, as in
+    JAX, `f` returns `(value, aux)`, aux being anything to take along (predictions, a count), and the result is
+    `((value, aux), gradient)`."""
+    if has_aux: return _with_aux(f, args, argnums)
+    f, args, shaped = _differentiated('value_with_gradient', f, args, argnums)
     with full_collections_paused():                   # one pause over both passes: no full collection in between
         value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
-        return value, pb(_seed(value, f))
+        grads = pb(_seed(value, f))
+        return value, (grads if shaped is None else shaped(grads))
 
 def _finished(x):
     "`x` without the levels of transforms that have ended (those still running keep theirs)."
     while type(x) is Traced and not x.trace.active: x = x.value
     return x
 
-def _with_aux(f, args):
-    "`value_with_gradient(f, *args, has_aux=True)`: the value differentiated, the aux carried out as plain values."
+def _with_aux(f, args, argnums):
+    "`value_with_gradient(f, *args, argnums=argnums, has_aux=True)`: the value differentiated, the aux carried out as plain values."
     aux = []
     def value_of(*xs):
         out = f(*xs)
@@ -177,20 +207,20 @@ def _with_aux(f, args):
         aux.append(out[1])
         return out[0]
     value_of.__name__ = _name(f)
-    value, grads = value_with_gradient(value_of, *args)
+    value, grads = value_with_gradient(value_of, *args, argnums=argnums)
     return (value, map_structure(_finished, aux[0])), grads
 
-def gradient(f, *args, has_aux=False):
-    """The gradient of scalar function `f` at `args` (a tuple when there are several arguments).
+def gradient(f, *args, argnums=None, has_aux=False):
+    """The gradient of scalar function `f` at `args` (a tuple when there are several arguments; only those `argnums` picks).
     With no `args`, the gradient function itself: `gradient(f)(x)`. With `has_aux=True`, `f` returns
     `(value, aux)` and the result is `(gradient, aux)`, as in JAX."""
     if has_aux:
         def gradient_of_f(*args):
-            (_, aux), grads = value_with_gradient(f, *args, has_aux=True)
+            (_, aux), grads = value_with_gradient(f, *args, argnums=argnums, has_aux=True)
             return grads, aux
-    elif args: return value_with_gradient(f, *args)[1]
+    elif args: return value_with_gradient(f, *args, argnums=argnums)[1]
     else:
-        def gradient_of_f(*args): return value_with_gradient(f, *args)[1]
+        def gradient_of_f(*args): return value_with_gradient(f, *args, argnums=argnums)[1]
     if args: return gradient_of_f(*args)
     gradient_of_f.__name__ = f"gradient_of_{_name(f)}"
     return gradient_of_f
