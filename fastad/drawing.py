@@ -11,7 +11,7 @@ import numpy as np
 from .backend import is_array, to_host
 from .engine import Trace, Traced, unbox
 from .tree import flatten, is_leaf, is_container, _labelled
-from .errors import DifferentiationError
+from .errors import DifferentiationError, MissingExtraError
 
 # %% ../nbs/03e_draw.ipynb #b72fef7d
 class TapeEntry:
@@ -121,7 +121,9 @@ def _kind(tape, e):
 @functools.lru_cache(maxsize=None)
 def _picture():
     "The figure class `draw` makes (matplotlib is imported only when something is drawn)."
-    from matplotlib.figure import Figure
+    try: from matplotlib.figure import Figure
+    except ImportError: raise MissingExtraError("draw: drawing needs matplotlib, which comes with the course: "
+                                                "pip install 'fastad[course]'") from None
     class TapePicture(Figure):
         """A matplotlib figure that shows itself in a notebook when it is a cell's last expression: IPython asks it
         for a PNG. (A figure made without pyplot has no window, so the notebook's plotting backend never shows it.)"""
