@@ -16,6 +16,7 @@ from .transforms import (gradient, value_with_gradient, pullback, value_with_pul
 from .layers import Layer, Dense, Sequential, sequenced, mse, SGD, Adam
 from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy, applied_for_backpropagation
 from .drawing import draw, tape_of, Tape
+from .forward import differential, value_with_differential, jacobian, hessian, hessian_vector_product, ravel
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential, BudgetWarning)
-from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory, drawing
+from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory, drawing, forward

@@ -780,7 +780,7 @@ def supported_functions():
     "Every NumPy callable fastad differentiates, by group, read from the registry: {group: [names]}, plus the array methods."
     table = {g: [] for g in GROUPS}
     for f, row in P.REGISTRY.items():
-        if f is np.ufunc or (row.refused and not row.rules): continue   # a custom rule may lift a refusal
+        if f is np.ufunc or (row.refused and row.custom is None): continue   # a custom rule may lift a refusal
         name = _public_name(f)
         if name.startswith('numpy'): table.setdefault(_GROUP_OF.get(f, 'other'), []).append(name)
     table['method forms'] = sorted(n for n in ('sum', 'mean', 'max', 'min', 'var', 'std', 'reshape', 'transpose', 'swapaxes',

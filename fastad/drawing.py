@@ -11,7 +11,7 @@ import numpy as np
 from .backend import is_array, to_host
 from .engine import Trace, Traced, unbox
 from .tree import flatten, is_leaf, is_container, _labelled
-from .errors import DifferentiationError
+from .errors import DifferentiationError, MissingExtraError
 
 # %% ../nbs/03e_draw.ipynb #b72fef7d
 class TapeEntry:
@@ -118,18 +118,33 @@ def _kind(tape, e):
     if e.index in tape.outputs: return 'output'
     return 'unused' if e.shape is None else 'primitive'
 
+@functools.lru_cache(maxsize=None)
+def _picture():
+    "The figure class `draw` makes (matplotlib is imported only when something is drawn)."
+    try: from matplotlib.figure import Figure
+    except ImportError: raise MissingExtraError("draw: drawing needs matplotlib, which comes with the course: "
+                                                "pip install 'fastad[course]'") from None
+    class TapePicture(Figure):
+        """A matplotlib figure that shows itself in a notebook when it is a cell's last expression: IPython asks it
+        for a PNG. (A figure made without pyplot has no window, so the notebook's plotting backend never shows it.)"""
+        def _repr_png_(self):
+            import io
+            png = io.BytesIO()
+            self.savefig(png, format='png', bbox_inches='tight')
+            return png.getvalue()
+    return TapePicture
+
 def draw(f, *args, ax=None):
     """A picture of the computation a pullback of `f` at `args` will run: the tape drawn as a program, one box per
     value (inputs blue, the output green) with its shape and what its chain saved, and an arrow from each parent.
-    The pullback walks it from the bottom up. Returns the matplotlib figure; `f` may also be a `Tape`."""
-    from matplotlib.figure import Figure
+    The pullback walks it from the bottom up. Returns the matplotlib figure, which a notebook shows; `f` may also be a `Tape`."""
     tape = f if isinstance(f, Tape) else tape_of(f, *args)
     n = len(tape)
     row = 0.42 if n <= 40 else max(0.12, 17 / n)                 # inches per entry: long tapes get smaller rows
     span = max((e.index - j for e in tape for j in e.parents), default=1)
     left, right, rad = 0.3 + 0.25 * span * row, 5.6, 0.5          # room on the left for the longest arrow's arc
     if ax is None:
-        fig = Figure(figsize=(left + right, (n + 1.2) * row))
+        fig = _picture()(figsize=(left + right, (n + 1.2) * row))
         ax = fig.add_axes([0, 0, 1, 1])
     boxes = {}
     for e in tape:

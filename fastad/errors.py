@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['FastADError', 'BackendError', 'HostTransferError', 'ArgumentError', 'ShapeError', 'DataError', 'DifferentiationError',
-           'NoDerivativeError', 'NoDerivativeMethodError', 'NonScalarOutputError']
+           'NoDerivativeError', 'NoDerivativeMethodError', 'NonScalarOutputError', 'MissingExtraError']
 
 # %% ../nbs/00_errors.ipynb #cbbab7e9
 class FastADError(Exception):
@@ -36,3 +36,6 @@ class NoDerivativeMethodError(NoDerivativeError, AttributeError):
 
 class NonScalarOutputError(DifferentiationError, ValueError):
     "`gradient` of a function whose result is not a scalar."
+
+class MissingExtraError(FastADError, ImportError):
+    "A feature needs a package of an optional extra (`pip install 'fastad[course]'`) that is not installed."

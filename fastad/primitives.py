@@ -40,21 +40,22 @@ class Primitive:
 
 # %% ../nbs/03a_primitives.ipynb #rg000002
 class Entry:
-    """One row of the registry: the NumPy callable `of`, its `primitive`, its signature adapter `adapt` (or
-    None), whether that adapter only `refused` with an explanation, and custom `rules` (the last in force)."""
-    __slots__ = ('of', 'primitive', 'adapt', 'refused', 'rules', 'rule')
+    """One row of the registry: the NumPy callable `of`, its `primitive`, its signature adapter `adapt` (or None),
+    whether that adapter only `refused` with an explanation, and the `custom` rule of `fastad.derivative`, if any.
+    `rule` is the one in force: the custom rule, else the primitive."""
+    __slots__ = ('of', 'primitive', 'adapt', 'refused', 'custom', 'rule')
     def __init__(self, of):
-        self.of, self.primitive, self.adapt, self.refused, self.rules, self.rule = of, None, None, False, [], None
-    def set_rules(self, rules):
-        "Put custom `rules` in force (the last one wins; none: the primitive, through its adapter, again)."
-        self.rules = list(rules)
-        self.rule = self.rules[-1] if self.rules else self.primitive
-        if self.rules: REGISTRY.setdefault(self.of, self)                 # back in the table after a restore
+        self.of, self.primitive, self.adapt, self.refused, self.custom, self.rule = of, None, None, False, None, None
+    def set_custom(self, rule):
+        "Put a custom `rule` in force (None: the primitive, through its adapter, again)."
+        self.rule = self.primitive if rule is None else rule       # `rule` first: a reader sees old or new, never none
+        self.custom = rule
+        if rule is not None: REGISTRY.setdefault(self.of, self)     # back in the table after a restore
         elif self.primitive is None and self.adapt is None: REGISTRY.pop(self.of, None)   # nothing left: no row
     def __repr__(self):
         parts = [f"primitive={self.primitive.name!r}" if self.primitive else None,
                  f"adapt={getattr(self.adapt, '__name__', self.adapt)}" if self.adapt else None,
-                 'refused' if self.refused else None, f"rules={len(self.rules)}" if self.rules else None]
+                 'refused' if self.refused else None, f"custom={self.custom.name!r}" if self.custom else None]
         return f"Entry({getattr(self.of, '__name__', self.of)}: {', '.join(p for p in parts if p)})"
 
 REGISTRY = {}   # NumPy callable -> Entry: the one table the engine reads
@@ -71,7 +72,7 @@ def register(*fns, primitive=None, adapt=None, refused=False):
         e = entry(f)
         if primitive is not None:
             e.primitive = primitive
-            if not e.rules: e.rule = primitive
+            if e.custom is None: e.rule = primitive
         if adapt is not None: e.adapt, e.refused = adapt, refused
 
 def register_adapters(table, refused=False):

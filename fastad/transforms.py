@@ -8,7 +8,7 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
            'rules_restored', 'without_derivative', 'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
-import functools, inspect, sys, threading, types, warnings
+import functools, inspect, sys, threading, types, warnings, weakref
 import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry
@@ -16,6 +16,30 @@ from . import engine
 from .engine import Trace, Traced, apply, backward, unbox, full_collections_paused
 from .errors import DifferentiationError, NonScalarOutputError
 from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, items, map_structure, _describe
+
+# %% ../nbs/03d_transforms.ipynb #a7e1c0d2
+def _differentiated(name, f, args, argnums):
+    """`f` as a function of the arguments `argnums` picks (the others held as they are), those arguments, and
+    what gives the derivatives the form `argnums` asks for (None: as they come; a tuple of one stays a tuple)."""
+    if argnums is None: return f, args, None
+    single = isinstance(argnums, (int, np.integer)) and not isinstance(argnums, (bool, np.bool_))
+    nums = (argnums,) if single else argnums
+    if not isinstance(nums, (tuple, list)) or not nums or not all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in nums):
+        raise DifferentiationError(f"{name}: argnums must be an int or a non-empty tuple of ints, not {argnums!r}")
+    n = len(args)
+    for i in nums:
+        if not -n <= i < n:
+            raise DifferentiationError(f"{name}: argnums={argnums!r} is out of range for {_name(f)} called with {n} "
+                                       f"argument{'s' * (n != 1)} (argnums counts from 0; -1 is the last)")
+    nums = tuple(int(i) % n for i in nums)                  # as JAX: -1 is the last argument
+    if len(set(nums)) != len(nums): raise DifferentiationError(f"{name}: argnums={argnums!r} names an argument twice")
+    def of_picked(*picked):
+        full = list(args)
+        for i, a in zip(nums, picked): full[i] = a
+        return f(*full)
+    of_picked.__name__ = _name(f)                           # errors and warnings name the user's function
+    return of_picked, tuple(args[i] for i in nums), (lambda d: (d,)) if len(nums) == 1 and not single else None
 
 # %% ../nbs/03d_transforms.ipynb #edc2afa1
 class ZeroDerivativeWarning(UserWarning):
@@ -63,10 +87,29 @@ def _cast_like(c, value):
     if own is not None and own == dtype: return c
     return c.astype(dtype) if hasattr(c, 'astype') else np.dtype(dtype).type(c)
 
-def value_with_pullback(f, *args):
+def value_with_pullback(f, *args, argnums=None):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
-    `args` (a tuple when there are several). It can be called many times."""
-    return _value_with_pullback(f, args)
+    `args` (a tuple when there are several; only those `argnums` picks). It can be called many times. Arrays the
+    pullback reads stay read-only while it lives: the value's arrays (read-only views), and the user's arrays that
+    its chains keep."""
+    f, args, shaped = _differentiated('value_with_pullback', f, args, argnums)
+    value, pb = _value_with_pullback(f, args)
+    return value, (pb if shaped is None else lambda v: shaped(pb(v)))
+
+def _read_only(v):
+    "A read-only view of array `v`, the tape's own: a write into it would change what a pullback reads."
+    if type(v) is not np.ndarray or not v.flags.writeable: return v
+    v = v.view()
+    v.flags.writeable = False
+    return v
+
+_pending_releases = set()         # weak references to live pullbacks whose tapes locked a user's array
+
+def _release_when_dropped(pullback, trace):
+    "Give back the arrays `trace` locked once `pullback` is dropped (no weak reference is made if there are none)."
+    if not trace.locks: return
+    def dropped(ref): _pending_releases.discard(ref); engine.release(trace)
+    _pending_releases.add(weakref.ref(pullback, dropped))
 
 def _value_with_pullback(f, args, once=False):
     "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
@@ -76,11 +119,22 @@ def _value_with_pullback(f, args, once=False):
     for i, p in enumerate(primals):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
     trace = Trace()
+    trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
+    recorded = False
     with full_collections_paused():                   # see the engine: the collector would walk the growing tape
-        try: out = f(*rebuild([trace.new_input(p) for p in primals]))
-        finally: trace.active = False
-    outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
-    value = rebuild_out([unbox(o, trace) for o in outs])
+        try:
+            out = f(*rebuild([trace.new_input(p) for p in primals]))
+            recorded = True
+        except ValueError as e:                       # a write into an array the backward pass reads
+            if 'read-only' not in str(e) or not (trace.locks or trace.stopped): raise
+            raise engine.saved_array_written(trace, e) from e
+        finally:
+            trace.active = False
+            if not recorded: engine.release(trace)     # f raised: no tape, nothing stays locked
+    try:
+        outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
+        value = rebuild_out([unbox(o, trace) if once else _read_only(unbox(o, trace)) for o in outs])
+    except BaseException: engine.release(trace); raise
     mine = [o if type(o) is Traced and o._trace is trace else None for o in outs]
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
@@ -98,15 +152,19 @@ def _value_with_pullback(f, args, once=False):
                                            f"the result has shape {np.shape(o.value)}")
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
-        with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+        try:
+            with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+        finally:
+            if once: engine.release(trace)             # the tape is gone: the user's arrays are theirs again
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
         grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)], construct=False)   # no model code runs
         return grads[0] if len(args) == 1 else grads
+    _release_when_dropped(pullback, trace)
     return value, pullback
 
-def pullback(f, *args):
+def pullback(f, *args, argnums=None):
     "The pullback of `f` at `args`: a function from a cotangent of the result to cotangents of the arguments."
-    return value_with_pullback(f, *args)[1]
+    return value_with_pullback(f, *args, argnums=argnums)[1]
 
 # %% ../nbs/03d_transforms.ipynb #c7652e1d
 def _seed(value, f):
@@ -121,22 +179,25 @@ def _seed(value, f):
     if isinstance(value, np.generic): return type(value)(1)
     return np.ones_like(value)
 
-def value_with_gradient(f, *args, has_aux=False):
+def value_with_gradient(f, *args, argnums=None, has_aux=False):
     """`(f(*args), gradient)` for a function `f` with a scalar result; one gradient per argument (a tuple
-    when there are several), each shaped like its argument. With `has_aux=True`, as in JAX, `f` returns
-    `(value, aux)`, aux being anything to take along (predictions, a count), and the result is `((value, aux), gradient)`."""
-    if has_aux: return _with_aux(f, args)
+    when there are several; only those `argnums` picks), each shaped like its argument. With `has_aux=True`, as in
+    JAX, `f` returns `(value, aux)`, aux being anything to take along (predictions, a count), and the result is
+    `((value, aux), gradient)`."""
+    if has_aux: return _with_aux(f, args, argnums)
+    f, args, shaped = _differentiated('value_with_gradient', f, args, argnums)
     with full_collections_paused():                   # one pause over both passes: no full collection in between
         value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
-        return value, pb(_seed(value, f))
+        grads = pb(_seed(value, f))
+        return value, (grads if shaped is None else shaped(grads))
 
 def _finished(x):
     "`x` without the levels of transforms that have ended (those still running keep theirs)."
     while type(x) is Traced and not x._trace.active: x = x.value
     return x
 
-def _with_aux(f, args):
-    "`value_with_gradient(f, *args, has_aux=True)`: the value differentiated, the aux carried out as plain values."
+def _with_aux(f, args, argnums):
+    "`value_with_gradient(f, *args, argnums=argnums, has_aux=True)`: the value differentiated, the aux carried out as plain values."
     aux = []
     def value_of(*xs):
         out = f(*xs)
@@ -146,20 +207,20 @@ def _with_aux(f, args):
         aux.append(out[1])
         return out[0]
     value_of.__name__ = _name(f)
-    value, grads = value_with_gradient(value_of, *args)
+    value, grads = value_with_gradient(value_of, *args, argnums=argnums)
     return (value, map_structure(_finished, aux[0])), grads
 
-def gradient(f, *args, has_aux=False):
-    """The gradient of scalar function `f` at `args` (a tuple when there are several arguments).
+def gradient(f, *args, argnums=None, has_aux=False):
+    """The gradient of scalar function `f` at `args` (a tuple when there are several arguments; only those `argnums` picks).
     With no `args`, the gradient function itself: `gradient(f)(x)`. With `has_aux=True`, `f` returns
     `(value, aux)` and the result is `(gradient, aux)`, as in JAX."""
     if has_aux:
         def gradient_of_f(*args):
-            (_, aux), grads = value_with_gradient(f, *args, has_aux=True)
+            (_, aux), grads = value_with_gradient(f, *args, argnums=argnums, has_aux=True)
             return grads, aux
-    elif args: return value_with_gradient(f, *args)[1]
+    elif args: return value_with_gradient(f, *args, argnums=argnums)[1]
     else:
-        def gradient_of_f(*args): return value_with_gradient(f, *args)[1]
+        def gradient_of_f(*args): return value_with_gradient(f, *args, argnums=argnums)[1]
     if args: return gradient_of_f(*args)
     gradient_of_f.__name__ = f"gradient_of_{_name(f)}"
     return gradient_of_f
@@ -262,7 +323,7 @@ def _leaf_spec(leaf):
     if dtype.kind != 'f': dtype = None                  # an integer output carries no derivative: no cast to it
     return np.shape(v), dtype, array_module(v) if is_array(v) else np
 
-def _read_only(c, spec):
+def _at_the_door(c, spec):
     """Cotangent `c` as the custom pullback gets it: an ndarray (never a matrix) of the output's dtype, read-only,
     since the backward pass shares it with other branches and with the caller (a device array: a copy of its own)."""
     if type(c) is Traced: return c                      # a higher order: traced values are never written
@@ -278,17 +339,17 @@ def _read_only(c, spec):
     return c
 
 def _door(value):
-    """`door(g)`: the cotangent `g` of a custom function's result `value` as its pullback receives it (`_read_only`
+    """`door(g)`: the cotangent `g` of a custom function's result `value` as its pullback receives it (`_at_the_door`
     per output, zeros for unused outputs). It keeps `value`'s shapes and dtypes, not its arrays."""
     if not is_container(value):
         spec = _leaf_spec(value)
-        return lambda g: _read_only(g, spec)
+        return lambda g: _at_the_door(g, spec)
     leaves, rebuild = flatten(value, static_ok=True)
     specs = [_leaf_spec(leaf) for leaf in leaves]
     del leaves
     def door(g):
         cts = g.cts if type(g) is _Parts else flatten(g, static_ok=True)[0]
-        return rebuild([module.zeros(shape, dtype or float) if c is None else _read_only(c, (shape, dtype, module))
+        return rebuild([module.zeros(shape, dtype or float) if c is None else _at_the_door(c, (shape, dtype, module))
                         for c, (shape, dtype, module) in zip(cts, specs)])
     return door
 
@@ -398,8 +459,9 @@ class Registration:
         "Take this derivative back (a second `undo` does nothing)."
         with _LOCK:
             if not self.active: return
-            self.active = False
-            _REDIRECTIONS[id(self.of)].remove(self)
+            redirection = _REDIRECTIONS.get(id(self.of))
+            if redirection is not None and redirection.of is self.of: redirection.remove(self)   # restore first...
+            self.active = False                                                                     # ...then forget
     def __enter__(self): return self
     def __exit__(self, *exc): self.undo()
     def __repr__(self):
@@ -416,20 +478,21 @@ class _Redirection:
         self.stack.append(registration)
         self.install(registration.function)
     def remove(self, registration):
-        self.stack.remove(registration)
-        if self.stack: self.install(self.stack[-1].function)
-        else:
-            self.restore()
-            del _REDIRECTIONS[id(self.of)]
+        "Take `registration` out, restoring what was in force before it first, then forgetting it (safe to repeat)."
+        rest = [r for r in self.stack if r is not registration]
+        if rest: self.install(rest[-1].function)
+        else: self.restore()
+        self.stack = rest
+        if not rest: _REDIRECTIONS.pop(id(self.of), None)
 
 class _RegistryRedirection(_Redirection):
-    """A NumPy ufunc or function (found through NumPy's dispatch): its row of the registry holds the stack of rules
-    (the operators read it too: `a + b` for `np.add`); the row's own adapter steps aside while a rule is in force."""
+    """A NumPy ufunc or function (found through NumPy's dispatch): the rule in force is its row's `custom` rule (the
+    operators read it too: `a + b` for `np.add`); the row's own adapter steps aside while one is in force."""
     def __init__(self, of):
         super().__init__(of)
         self.row = entry(of)
-    def install(self, fn): self.row.set_rules([r.function for r in self.stack])   # `fn` is the stack's last
-    def restore(self): self.row.set_rules([])
+    def install(self, fn): self.row.set_custom(fn)
+    def restore(self): self.row.set_custom(None)
 
 @functools.lru_cache(maxsize=None)
 def _trampoline(n_free):
@@ -474,7 +537,7 @@ class _PythonFunctionRedirection(_Redirection):
     def restore(self):
         f = self.of
         f.__code__, f.__kwdefaults__, signature = self.saved
-        if signature is None: del f.__signature__
+        if signature is None: f.__dict__.pop('__signature__', None)
         else: f.__signature__ = signature
 
 class _NameRedirection(_Redirection):
@@ -512,8 +575,12 @@ def _register(of, vjp, caller_globals):
     if not callable(vjp): raise DifferentiationError(f"derivative: vjp must be a function, not {_describe(vjp)}")
     fn = differentiable_function(vjp, name=_name(of), forward=of)
     registration = Registration(of, vjp, fn)
-    with _LOCK: _redirection(of, caller_globals).push(registration)
-    return registration
+    try:
+        with _LOCK: _redirection(of, caller_globals).push(registration)
+        return registration
+    except BaseException:          # interrupted (Ctrl-C) or refused: no rule stays in force without its handle
+        registration.undo()
+        raise
 
 def derivative(of, vjp=None):
     """Use `vjp` as the derivative of `of` wherever `of` is called: a NumPy function (found through NumPy's
@@ -529,8 +596,13 @@ def derivative(of, vjp=None):
     caller_globals = sys._getframe(1).f_globals
     if vjp is not None: return _register(of, vjp, caller_globals)
     def register(vjp):
-        _register(of, vjp, caller_globals)
-        return vjp
+        registration = None
+        try:
+            registration = _register(of, vjp, caller_globals)
+            return vjp
+        except BaseException:
+            if registration is not None: registration.undo()
+            raise
     return register
 
 def registered_derivative(of):
@@ -581,11 +653,13 @@ class rules_restored:
 
 # %% ../nbs/03d_transforms.ipynb #c3d5e7f9
 def _stop(x):
-    "The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose."
+    """The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose.
+    An array comes as a read-only view: it is the tape's own, which a chain may read in the backward pass."""
+    if type(x) is not Traced: return x
     while type(x) is Traced:
         x._trace.stopped = True
         x = x.value
-    return x
+    return _read_only(x)
 
 def without_derivative(x):
     """`x` as a constant: no derivative flows through it, in any transform. Saying so also silences the

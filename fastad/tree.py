@@ -238,8 +238,10 @@ def _label(where):
 def _cannot(where, x):
     hint = (" (write 3.0, not 3, or use a float array)" if _is_integer(x) else
             " (fastad differentiates real numbers; split it into real and imaginary parts)" if _is_complex(x) else "")
+    fixed = (", or keep it fixed: differentiate only the other arguments, with argnums= (e.g. gradient(f, x, n, argnums=0))"
+             if type(where) is tuple and where[0] == 'argument' and where[2] == ' {}' else "")   # a whole argument
     return DifferentiationError(f"{_label(where)} is {_describe(x)}, which cannot be differentiated{hint}: pass a float, "
-                                f"a floating-point array, or a tuple, list, dict, dataclass or Differentiable of them")
+                                f"a floating-point array, or a tuple, list, dict, dataclass or Differentiable of them{fixed}")
 
 class _Static:
     "A value that rides along unchanged in a rebuilt structure: an int, a flag, a nondifferentiable field."

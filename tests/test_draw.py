@@ -78,3 +78,15 @@ def test_on_each_backend(any_backend):
     x = to_device(np.array([1., 2., 3.]))
     tape = check_drawing(lambda x: (np.sin(x) * x).sum(), x)
     assert [e.shape for e in tape] == [(3,), (3,), (3,), ()]
+
+def test_draw_without_matplotlib_names_the_extra(monkeypatch):
+    "The lean install (pip install .) has no matplotlib: draw says which extra brings it, not a bare ModuleNotFoundError."
+    import sys
+    from fastad import drawing
+    from fastad.errors import MissingExtraError
+    drawing._picture.cache_clear()
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)
+    monkeypatch.setitem(sys.modules, 'matplotlib.figure', None)
+    try:
+        with pytest.raises(MissingExtraError, match=r"fastad\[course\]"): fd.draw(lambda x: np.sin(x).sum(), np.ones(2))
+    finally: drawing._picture.cache_clear()

@@ -26,7 +26,7 @@ def live_traces():
 
 def engine_state():
     "What a transform may change only while it runs: the log, the backend, the registries and the adapters."
-    rows = {f: (row.primitive, row.adapt, row.rule, tuple(row.rules)) for f, row in REGISTRY.items()}
+    rows = {f: (row.primitive, row.adapt, row.rule, row.custom) for f, row in REGISTRY.items()}
     return (active_log(), backend.get_backend(), rows,
             sum(t.active for t in live_traces()))
 

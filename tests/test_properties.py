@@ -315,6 +315,27 @@ def matmul_draw(data):
     ba, bb = data.draw(mutually_broadcastable_shapes(num_shapes=2, max_dims=2, max_side=3)).input_shapes
     return [values(data, (k,) if a_vec else (*ba, m, k)), values(data, (k,) if b_vec else (*bb, k, n))], {}
 spec("a @ b", ["Traced.__matmul__", "numpy.matmul"], lambda a, b: a @ b, matmul_draw, note='batch broadcasting, 1-d sides, zero sizes')
+
+# in-place operators on a value that shares no memory: a new traced value, as `a = a op b` (a * 1 owns its memory)
+def _in_place(op):
+    def f(x, c):
+        x = x * 1
+        x = op(x, c)
+        return x
+    return f
+import operator as _op
+spec("x += c", ["Traced.__iadd__"], _in_place(_op.iadd), with_number('real', 'real'))
+spec("x -= c", ["Traced.__isub__"], _in_place(_op.isub), with_number('real', 'real'))
+spec("x *= c", ["Traced.__imul__"], _in_place(_op.imul), with_number('real', 'real'))
+spec("x /= c", ["Traced.__itruediv__"], _in_place(_op.itruediv), with_number('real', 'away0'), note='|b| >= 0.25')
+spec("x **= c", ["Traced.__ipow__"], _in_place(_op.ipow), with_number('positive', 'real'), note='a in [0.5, 2]')
+spec("x %= c", ["Traced.__imod__"], _in_place(_op.imod), with_number('mod_num', 'mod_den'), note='a / b away from integers')
+def _imatmul(a, b):
+    "a @= b where NumPy allows it (the result keeps a's shape), else a @ b"
+    sa, sb = np.shape(a), np.shape(b)
+    fits = len(sa) >= 1 and len(sb) >= 2 and np.matmul(np.zeros(sa), np.zeros(sb)).shape == sa
+    return _op.imatmul(a * 1, b) if fits else a @ b
+spec("a @= b", ["Traced.__imatmul__"], _imatmul, matmul_draw, note='where NumPy allows it (the result keeps a\'s shape)')
 spec("np.matmul", ["numpy.matmul"], np.matmul, matmul_draw)
 spec("list @ x", ["Traced.__rmatmul__"], lambda x, a: a @ x,
      lambda data: (lambda xs, _: (assume(xs[0].size > 0),
@@ -898,6 +919,7 @@ NOT_OPERATIONS = {
     '__floordiv__', '__rfloordiv__', '__round__', '__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__',
     '__bool__', '__float__', '__int__', '__complex__', '__index__', '__len__', '__setitem__',
     'shape', 'dtype', 'ndim', 'size', '__init__', '__new__', '__hash__',
+    '__copy__', '__deepcopy__', '__format__', '__reduce__', '__reduce_ex__',   # tested in test_state_and_habits.py
 }
 
 # Entry points that are not operations either, each checked by a test below instead of a spec: in-place writes,

@@ -18,17 +18,17 @@ def test_one_table():
     assert not hasattr(engine, 'refresh_operators')
     assert all(type(row) is Entry for row in REGISTRY.values())
     row = REGISTRY[np.sum]                                   # primitive and adapter in one row: the adapter uses it
-    assert row.primitive.name == 'sum' and row.adapt is not None and row.rule is row.primitive and not row.rules
+    assert row.primitive.name == 'sum' and row.adapt is not None and row.rule is row.primitive and row.custom is None
 
-def test_derivative_of_a_numpy_function_is_pushed_onto_its_row():
+def test_derivative_of_a_numpy_function_is_put_on_its_row():
     row, calls = REGISTRY[np.sum], []
     def sum_vjp(x, axis=None):
         calls.append(axis)
         return np.sum(x, axis=axis), lambda g: 2 * np.ones_like(x) * g
     with fd.derivative(of=np.sum, vjp=sum_vjp) as registration:
-        assert len(row.rules) == 1 and row.rule is registration.function
+        assert row.custom is row.rule is registration.function
         assert fd.gradient(lambda x: np.sum(x), np.ones(3)).tolist() == [2., 2., 2.] and calls == [None]
-    assert row.rules == [] and row.rule is row.primitive and row.adapt is not None     # undo popped it
+    assert row.custom is None and row.rule is row.primitive and row.adapt is not None     # undo took it back
     assert fd.gradient(lambda x: np.sum(x, axis=0), np.ones(3)).tolist() == [1., 1., 1.]
 
 def test_operators_read_the_row():
@@ -41,7 +41,7 @@ def test_operators_read_the_row():
 def test_a_new_row_leaves_when_its_last_rule_is_undone():
     assert np.linalg.eigvals not in REGISTRY
     with fd.derivative(of=np.linalg.eigvals, vjp=lambda a: (np.linalg.eigvals(a), lambda g: g)):
-        assert REGISTRY[np.linalg.eigvals].rules
+        assert REGISTRY[np.linalg.eigvals].custom is not None
     assert np.linalg.eigvals not in REGISTRY
 
 def test_supported_functions_reads_refusals_from_the_table():

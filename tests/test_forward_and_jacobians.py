@@ -1,0 +1,267 @@
+"""Forward mode (differential), jacobian, hessian, hessian_vector_product, argnums= and ravel, against finite
+differences and against each other, through custom derivatives and checkpointing."""
+import sys, warnings
+from pathlib import Path
+import numpy as np
+import pytest
+import fastad as fd
+from fastad.errors import DifferentiationError
+
+rng = np.random.default_rng(0)
+
+def central(f, x, t, eps=1e-6):
+    "The directional derivative of `f` at array `x` along `t`, by central differences."
+    return (np.asarray(f(x + eps * t)) - np.asarray(f(x - eps * t))) / (2 * eps)
+
+def numerical_jacobian(f, x, eps=1e-6):
+    "Output axes, then input axes, by central differences, column by column."
+    x = np.asarray(x, dtype=float)
+    cols = [central(f, x, e.reshape(x.shape), eps) for e in np.eye(x.size)]
+    return np.moveaxis(np.array(cols), 0, -1).reshape(np.shape(f(x)) + x.shape)
+
+FUNCTIONS = {                                   # name -> (f, input shape)
+    'sin times sum': (lambda x: np.sin(x) * x.sum(), (4,)),
+    'n to 1': (lambda x: (np.exp(x) * x).sum(), (5,)),
+    'matrix': (lambda x: np.tanh(x @ x.T), (3, 2)),
+    'wide out': (lambda x: np.outer(np.cos(x), np.arange(1., 6.)), (2,)),
+    'relu mlp': (lambda x: np.maximum(x @ np.arange(12.).reshape(3, 4) / 10 - 0.3, 0).sum(1), (2, 3)),
+}
+
+@pytest.mark.parametrize('name', FUNCTIONS)
+def test_jvp_matches_finite_differences_and_the_jacobian(name):
+    f, shape = FUNCTIONS[name]
+    x, t = rng.standard_normal(shape), rng.standard_normal(shape)
+    value, d = fd.value_with_differential(f, x)
+    np.testing.assert_allclose(value, f(x))
+    np.testing.assert_allclose(d(t), central(f, x, t), rtol=1e-6, atol=1e-8)
+    J = fd.jacobian(f, x)
+    np.testing.assert_allclose(J, numerical_jacobian(f, x), rtol=1e-6, atol=1e-8)
+    out_nd = np.ndim(value)
+    np.testing.assert_allclose(d(t), np.tensordot(J, t, axes=t.ndim), rtol=1e-10, atol=1e-12)    # J @ t
+    np.testing.assert_allclose(fd.differential(f, x)(t), d(t))
+
+def test_jacobian_by_rows_and_by_columns_agree():
+    A = rng.standard_normal((3, 5))
+    wide_out, wide_in = (lambda x: np.sin(A.T @ x)), (lambda x: np.sin(A @ x))    # 5 outputs of 3; 3 of 5
+    x3, x5 = rng.standard_normal(3), rng.standard_normal(5)
+    np.testing.assert_allclose(fd.jacobian(wide_out, x3), np.cos(A.T @ x3)[:, None] * A.T)   # by columns
+    np.testing.assert_allclose(fd.jacobian(wide_in, x5), np.cos(A @ x5)[:, None] * A)        # by rows
+
+def test_jacobian_of_structures_nests_like_jax():
+    def f(p, s): return {'u': p['a'] * s, 'v': (p['a'] ** 2).sum() + p['b'] * s}
+    p, s = {'a': np.array([1., 2.]), 'b': 3.0}, 0.5
+    J = fd.jacobian(f, p, s)
+    assert set(J) == {'u', 'v'} and isinstance(J['u'], tuple) and set(J['u'][0]) == {'a', 'b'}
+    np.testing.assert_allclose(J['u'][0]['a'], 0.5 * np.eye(2))
+    np.testing.assert_allclose(J['u'][0]['b'], np.zeros(2)); np.testing.assert_allclose(J['u'][1], [1., 2.])
+    np.testing.assert_allclose(J['v'][0]['a'], [2., 4.]); assert J['v'][0]['b'] == 0.5 and J['v'][1] == 3.0
+
+def test_jacobian_keeps_float32_and_floats():
+    assert fd.jacobian(lambda x: np.sin(x), np.ones(3, np.float32)).dtype == np.float32
+    j = fd.jacobian(lambda x: x ** 3, 2.0)
+    assert type(j) is float and j == 12.0
+    np.testing.assert_allclose(fd.jacobian(lambda s: s * np.arange(3.), 2.0), np.arange(3.))   # 1 -> n: shape (3,)
+
+def test_hessian_is_symmetric_and_matches_finite_differences():
+    C = rng.standard_normal((4, 4))
+    def f(x): return np.log1p((x @ C) ** 2).sum() + (np.sin(x) * x[::-1]).sum()
+    x = rng.standard_normal(4)
+    H = fd.hessian(f, x)
+    np.testing.assert_allclose(H, H.T, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(H, numerical_jacobian(fd.gradient(f), x), rtol=1e-5, atol=1e-7)
+    v = rng.standard_normal(4)
+    np.testing.assert_allclose(fd.hessian_vector_product(f, x, v), H @ v, rtol=1e-10)
+    np.testing.assert_allclose(fd.differential(fd.gradient(f), x)(v), H @ v, rtol=1e-10)     # forward over reverse
+
+def test_hessian_of_several_arguments_and_of_a_matrix():
+    H = fd.hessian(lambda x, y: x * x * y + y ** 3, 2.0, 3.0)
+    assert H == ((6.0, 4.0), (4.0, 18.0))
+    Hm = fd.hessian(lambda m: (m ** 3).sum(), np.ones((2, 3)))
+    assert Hm.shape == (2, 3, 2, 3)
+    np.testing.assert_allclose(Hm.reshape(6, 6), 6 * np.eye(6))
+
+def test_hessian_vector_product_on_a_model():
+    layer = fd.Dense(weight=rng.standard_normal((3, 2)), bias=np.zeros(2))
+    x = rng.standard_normal((5, 3))
+    loss = lambda m: (np.tanh(m(x)) ** 2).sum()
+    v = fd.Dense(weight=rng.standard_normal((3, 2)), bias=rng.standard_normal(2))
+    hv = fd.hessian_vector_product(loss, layer, v)
+    assert type(hv) is fd.Dense
+    flat, unravel = fd.ravel(layer)
+    H = fd.hessian(lambda w: loss(unravel(w)), flat)
+    np.testing.assert_allclose(fd.ravel(hv)[0], H @ fd.ravel(v)[0], rtol=1e-9, atol=1e-12)
+
+def test_forward_mode_through_custom_derivatives():
+    x, t = np.array([-1., 0.25, 2.]), np.array([0.5, -2., 1.])
+    softplus = fd.differentiable_function(lambda x: (np.log1p(np.exp(x)), lambda v: v / (1 + np.exp(-x))), name='softplus')
+    np.testing.assert_allclose(fd.differential(softplus, x)(t), t / (1 + np.exp(-x)))
+    def clipped_square(x): return x * x
+    with fd.derivative(of=clipped_square, vjp=lambda x: (clipped_square(x), lambda g: g * np.clip(2 * x, -1, 1))):
+        np.testing.assert_allclose(fd.differential(lambda x: clipped_square(x) + 1, x)(t), t * np.clip(2 * x, -1, 1))
+    two = fd.differentiable_function(lambda a, b: (a * b, lambda g: (g * b, g * a)), name='times')
+    assert fd.differential(two, 2.0, 3.0)(1.0, 10.0) == 3.0 + 20.0
+
+def test_forward_mode_through_checkpointing():
+    x, t = rng.standard_normal(4), rng.standard_normal(4)
+    runs = []
+    def body(x):
+        runs.append(1)
+        return np.tanh(x) * 2
+    recomputed = fd.make_recomputed_in_gradient(body)
+    np.testing.assert_allclose(fd.differential(recomputed, x)(t), 2 * t * (1 - np.tanh(x) ** 2))
+    assert len(runs) >= 2                                         # recomputed in the pullback, as promised
+    layer = fd.Dense(weight=rng.standard_normal((4, 3)), bias=np.zeros(3), activation=np.tanh)
+    discarding = layer.discarding_activations()
+    np.testing.assert_allclose(fd.differential(lambda x: discarding(x), x[None])(t[None]),
+                               fd.differential(lambda x: layer(x), x[None])(t[None]))
+
+def test_differential_nests_inside_gradient():
+    assert np.isclose(fd.gradient(lambda x: fd.differential(np.sin, x)(1.0), 0.3), -np.sin(0.3))
+
+def test_differential_of_a_constant_function_is_zero_and_warns_once():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        d = fd.differential(lambda x: np.ones(2), np.ones(2))(np.ones(2))
+    np.testing.assert_array_equal(d, np.zeros(2))
+    assert [type(w.message) for w in caught] == [fd.ZeroDerivativeWarning]
+
+def test_differential_errors_name_the_tangent():
+    d = fd.differential(lambda a, b: a * b, np.ones(2), np.ones(2))
+    with pytest.raises(DifferentiationError, match='one tangent per argument'): d(np.ones(2))
+    with pytest.raises(DifferentiationError, match=r'tangent 1 has shape \(3,\)'): d(np.ones(2), np.ones(3))
+
+# argnums
+
+def loss(w, data, power, label):
+    assert isinstance(label, str)
+    return (np.abs(data @ w) ** power).sum()
+
+W, DATA = np.array([0.5, -1.]), np.array([[1., 2.], [3., 4.]])
+
+def test_argnums_int_tuple_and_negative_in_every_transform():
+    g_w = 2 * DATA.T @ (DATA @ W) * np.sign(DATA @ W) * np.sign(DATA @ W)
+    args = (W, DATA, 2, 'train')
+    np.testing.assert_allclose(fd.gradient(loss, *args, argnums=0), g_w)
+    np.testing.assert_allclose(fd.gradient(loss, *args, argnums=-4), g_w)
+    np.testing.assert_allclose(fd.gradient(loss, argnums=0)(*args), g_w)
+    one = fd.gradient(loss, *args, argnums=(0,))
+    assert type(one) is tuple and len(one) == 1
+    gw, gd = fd.gradient(loss, *args, argnums=(0, 1))
+    np.testing.assert_allclose(gd, 2 * np.outer(DATA @ W, W))
+    gd2, gw2 = fd.gradient(loss, *args, argnums=(1, 0))                    # in the order asked
+    np.testing.assert_allclose(gw2, gw); np.testing.assert_allclose(gd2, gd)
+    value, g = fd.value_with_gradient(loss, *args, argnums=0)
+    assert value == loss(*args); np.testing.assert_allclose(g, g_w)
+    value, pb = fd.value_with_pullback(loss, *args, argnums=(0,))
+    np.testing.assert_allclose(pb(2.0)[0], 2 * g_w)
+    np.testing.assert_allclose(fd.pullback(loss, *args, argnums=0)(1.0), g_w)
+    np.testing.assert_allclose(fd.jacobian(loss, *args, argnums=0), g_w)
+    np.testing.assert_allclose(fd.hessian(loss, *args, argnums=0), 2 * DATA.T @ DATA)
+    Hs = fd.hessian(loss, *args, argnums=(0,))
+    assert type(Hs) is tuple and type(Hs[0]) is tuple
+    np.testing.assert_allclose(Hs[0][0], 2 * DATA.T @ DATA)
+
+def test_arguments_not_differentiated_may_be_anything():
+    def f(x, config, data, fn, nothing): return fn(x * config['scale']) * len(data)
+    g = fd.gradient(f, 2.0, {'scale': 3, 'name': 'a'}, ['a', 'b'], np.sin, None, argnums=0)
+    assert np.isclose(g, 2 * 3 * np.cos(6.0))
+
+@pytest.mark.parametrize('argnums, message', [
+    (2, 'argnums=2 is out of range'), (-3, 'argnums=-3 is out of range'), ((0, 5), 'argnums=(0, 5) is out of range'),
+    ('0', 'argnums must be an int'), (True, 'argnums must be an int'), ((), 'argnums must be an int'),
+    (1.0, 'argnums must be an int'), ((0, 0), 'names an argument twice'), ((0, -2), 'names an argument twice')])
+@pytest.mark.parametrize('transform', [fd.gradient, fd.value_with_gradient, fd.pullback, fd.value_with_pullback,
+                                       fd.jacobian, fd.hessian])
+def test_bad_argnums_are_fastad_errors(transform, argnums, message):
+    with pytest.raises(DifferentiationError, match=message.replace('(', r'\(').replace(')', r'\)')):
+        transform(lambda x, y: (x * y).sum(), np.ones(2), np.ones(2), argnums=argnums)
+
+@pytest.mark.parametrize('bad', [3, np.arange(3), 'train'])
+def test_an_argument_that_cannot_be_differentiated_points_to_argnums(bad):
+    with pytest.raises(DifferentiationError, match=r'argument 1 is .*with argnums='):
+        fd.gradient(lambda x, n: x * 2, 1.0, bad)
+    with pytest.raises(DifferentiationError) as info:                 # inside a structure: no argnums to suggest
+        fd.gradient(lambda p: p[0] * 2, (1.0, bad))
+    assert 'argnums' not in str(info.value)
+
+# ravel
+
+class Tiny(fd.Differentiable):
+    w: np.ndarray
+    b: float
+    name: str = fd.nondifferentiable(default='tiny')
+
+TREES = {
+    'model': lambda: fd.Dense(weight=rng.standard_normal((3, 2)).astype(np.float32), bias=np.zeros(2, np.float32)),
+    'dict': lambda: {'a': rng.standard_normal(3), 'b': {'c': rng.standard_normal((2, 2))}},
+    'list': lambda: [rng.standard_normal(2), 1.5, (rng.standard_normal(1),)],
+    'float32': lambda: np.ones((2, 3), np.float32),
+    'float': lambda: 2.5,
+    'dataclass with a float and a static field': lambda: Tiny(np.arange(3.), 0.5),
+}
+
+def same_tree(a, b):
+    la, lb = fd.tree.flatten(a, static_ok=True)[0], fd.tree.flatten(b, static_ok=True)[0]
+    assert type(a) is type(b) and len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert type(x) is type(y) and np.shape(x) == np.shape(y) and getattr(x, 'dtype', None) == getattr(y, 'dtype', None)
+        np.testing.assert_array_equal(x, y)
+
+@pytest.mark.parametrize('name', TREES)
+def test_ravel_round_trip(name):
+    tree = TREES[name]()
+    vector, unravel = fd.ravel(tree)
+    assert vector.ndim == 1 and vector.size == sum(np.size(l) for l in fd.tree.flatten(tree, static_ok=True)[0])
+    same_tree(unravel(vector), tree)
+    if name in ('model', 'float32'): assert vector.dtype == np.float32
+
+@pytest.mark.parametrize('name', TREES)
+def test_ravel_is_differentiable_both_ways(name):
+    tree = TREES[name]()
+    vector, unravel = fd.ravel(tree)
+    weights = np.linspace(1, 2, vector.size)
+    g_tree = fd.gradient(lambda t: (fd.ravel(t)[0] ** 2 * weights).sum(), tree)      # through ravel
+    same_tree(g_tree, unravel(2 * vector * weights))
+    g_vec = fd.gradient(lambda v: (fd.ravel(unravel(v))[0] ** 3).sum(), vector)      # through unravel
+    np.testing.assert_allclose(g_vec, 3 * vector.astype(float) ** 2, rtol=1e-6)
+    assert g_vec.dtype == vector.dtype
+
+def test_ravel_keeps_static_fields_and_checks_the_vector():
+    vector, unravel = fd.ravel(Tiny(np.arange(3.), 0.5, name='kept'))
+    back = unravel(vector * 2)
+    assert back.name == 'kept' and back.b == 1.0 and type(back.b) is float
+    vector2, unravel2 = fd.ravel({'a': np.ones(2), 'steps': 4, 'name': 'x'})     # ints and strings ride along
+    assert vector2.size == 2
+    back2 = unravel2(vector2 + 1)
+    assert back2['steps'] == 4 and back2['name'] == 'x'; np.testing.assert_array_equal(back2['a'], [2., 2.])
+    with pytest.raises(DifferentiationError, match='a vector of 4 numbers'): unravel(np.ones(5))
+    with pytest.raises(DifferentiationError, match='a vector of 4 numbers'): unravel(np.ones((2, 2)))
+
+def test_lbfgs_trains_a_model_through_ravel():
+    minimize = pytest.importorskip('scipy.optimize', reason='SciPy is not installed (optional): pip install scipy').minimize
+    X = rng.standard_normal((50, 3)); y = X @ np.array([1., -2., 0.5]) + 0.3
+    model = fd.Dense(weight=np.zeros((3, 1)), bias=np.zeros(1), activation=None)
+    x0, unravel = fd.ravel(model)
+    fun = lambda v: fd.value_with_gradient(lambda v: ((unravel(v)(X)[:, 0] - y) ** 2).mean(), v)
+    result = minimize(fun, x0, jac=True, method='L-BFGS-B')
+    trained = unravel(result.x)
+    np.testing.assert_allclose(trained.weight[:, 0], [1., -2., 0.5], atol=1e-4)
+    np.testing.assert_allclose(trained.bias, [0.3], atol=1e-4)
+
+def test_forward_benchmark_runs_and_checks_the_jvp(capsys):
+    sys.path.insert(0, str(Path(__file__).parent.parent))          # bench/ is a folder of the repository, not installed
+    from bench import forward
+    forward.main(['--quick', '--rounds', '1'])
+    out = capsys.readouterr().out
+    assert out.count('differential / pullback = ') == 2
+
+def test_hessian_vector_product_checks_v_and_takes_none_for_zeros():
+    f = lambda p: (p['a'] ** 2).sum() * p['b']
+    hv = fd.hessian_vector_product(f, {'a': np.ones(2), 'b': 2.0}, {'a': np.ones(2), 'b': None})
+    np.testing.assert_allclose(hv['a'], [4., 4.]); assert hv['b'] == 4.0
+    with pytest.raises(DifferentiationError, match=r'v has shape \(3,\) where x has shape \(2,\)'):
+        fd.hessian_vector_product(lambda x: (x ** 3).sum(), np.ones(2), np.ones(3))
+
+def test_jacobian_inside_gradient():
+    g = fd.gradient(lambda a: np.trace(fd.jacobian(lambda x: np.sin(x * a), np.ones(3))), 2.0)
+    assert np.isclose(g, 3 * (np.cos(2.0) - 2 * np.sin(2.0)))

@@ -1,0 +1,282 @@
+"""Soundness 2: saved arrays written later, and in-place operators on traced arrays that share memory.
+
+Either the right value and gradient, or a fastad error that says what to do; the user's arrays are never
+written and never left read-only."""
+import gc, operator, threading
+import numpy as np
+import pytest
+import fastad as fd
+from fastad.errors import DifferentiationError
+from fastad.testing import numerical_gradient
+
+
+def _writeable(*arrays): return all(a.flags.writeable for a in arrays)
+
+
+# ---- 3. arrays a chain keeps, written later ----
+
+ROWS = [np.array([1., 2., 3.]), np.array([4., 5., 6.])]
+
+def refilled(x, buf):
+    "The issue's loop: one scratch buffer refilled each iteration, multiplied into the result."
+    y = 0.0
+    for row in ROWS:
+        buf[:] = row
+        y = y + (x * buf).sum()
+    return y
+
+def test_refilled_buffer_is_an_error_naming_the_operation():
+    buf = np.empty(3)
+    with pytest.raises(DifferentiationError, match=r"passed to multiply.*buf\.copy\(\)"):
+        fd.gradient(lambda x: refilled(x, buf), np.ones(3))      # before: [8, 10, 12], silently
+    assert buf.flags.writeable                                    # given back after the error
+
+def test_refilled_buffer_copied_is_right():
+    buf = np.empty(3)
+    def f(x):
+        y = 0.0
+        for row in ROWS:
+            buf[:] = row
+            y = y + (x * buf.copy()).sum()
+        return y
+    np.testing.assert_allclose(fd.gradient(f, np.ones(3)), [5., 7., 9.])
+    assert buf.flags.writeable
+
+@pytest.mark.parametrize("op", [np.add, np.subtract, lambda x, b: x - b + 1.0])
+def test_a_buffer_no_chain_keeps_stays_writeable(op):
+    buf = np.empty(3)
+    def f(x):
+        y = 0.0
+        for row in ROWS:
+            buf[:] = row                                          # add's chain keeps nothing: allowed
+            y = y + op(x, buf).sum()
+        return y
+    np.testing.assert_allclose(fd.gradient(f, np.ones(3)), [2., 2., 2.])
+
+@pytest.mark.parametrize("saving", [
+    lambda x, b: x * b, lambda x, b: b * x, lambda x, b: x / b, lambda x, b: b @ x,
+    lambda x, b: np.where(b > 2, x, 0.0) * b, lambda x, b: x ** b,
+    lambda x, b: np.dot(b, x)])
+def test_every_saving_primitive_locks_while_recording(saving):
+    buf = np.array([1., 2., 3.])
+    def f(x):
+        y = saving(x, buf)
+        buf[0] = 7.
+        return np.sum(y)
+    with pytest.raises(DifferentiationError, match="backward pass reads was written"):
+        fd.gradient(f, np.ones(3))
+    assert buf.flags.writeable and buf[0] == 1.
+
+def test_without_derivative_is_read_only():
+    def f(x):
+        e = np.exp(x)
+        c = fd.without_derivative(e)                              # the tape's own array: exp's chain reads it
+        c[0] = 100.
+        return (e * c).sum()
+    with pytest.raises(DifferentiationError, match=r"without_derivative\(x\)\.copy\(\)"):
+        fd.gradient(f, np.ones(2))
+    def g(x):
+        e = np.exp(x)
+        c = fd.without_derivative(e).copy()
+        c[0] = 100.
+        return (e * c).sum()
+    np.testing.assert_allclose(fd.gradient(g, np.ones(2)), np.e * np.array([100., np.e]))
+
+def test_a_primitive_that_keeps_only_a_mask_leaves_the_array_writeable():
+    buf = np.array([0., 2., 0.5])
+    def f(x):
+        y = np.maximum(x, buf)                                    # its chain keeps x >= buf, not buf
+        buf[:] = 5.                                               # cannot change the gradient
+        return y.sum()
+    np.testing.assert_allclose(fd.gradient(f, np.ones(3)), [1., 0., 1.])
+    np.testing.assert_array_equal(buf, 5.)
+
+def test_without_derivative_of_an_input_does_not_lock_the_users_array():
+    a = np.ones(3)
+    seen = []
+    def f(x):
+        seen.append(fd.without_derivative(x))
+        return (x * 2).sum()
+    fd.gradient(f, a)
+    assert not seen[0].flags.writeable and a.flags.writeable
+    a[0] = 5.                                                     # still the user's to write
+
+def test_value_with_pullback_value_is_read_only_and_pullback_stays_right():
+    x = np.array([0.5, 1.0])
+    value, pb = fd.value_with_pullback(np.exp, x)
+    with pytest.raises(ValueError, match="read-only"):
+        value *= 2                                                # before: the pullback then gave 2 exp(x)
+    np.testing.assert_allclose(pb(np.ones(2)), np.exp(x))
+    assert x.flags.writeable
+
+def test_pullback_keeps_a_users_array_locked_while_it_lives():
+    buf, x = np.array([1., 2., 3.]), np.ones(3)
+    pb = fd.pullback(lambda x: x * buf, x)
+    with pytest.raises(ValueError, match="read-only"):
+        buf[:] = 0                                                # would change every later pb(...)
+    np.testing.assert_allclose(pb(np.ones(3)), [1., 2., 3.])
+    np.testing.assert_allclose(pb(np.ones(3)), [1., 2., 3.])
+    del pb; gc.collect()
+    assert buf.flags.writeable
+
+def test_a_view_of_a_users_array_locks_its_owner():
+    big = np.arange(6.).reshape(2, 3).copy()                     # big owns its memory (a view of it is locked)
+    def f(x):
+        y = (x * big[0]).sum()
+        big[0, 0] = 9.                                            # written through the owner
+        return y
+    with pytest.raises(DifferentiationError, match="multiply"):
+        fd.gradient(f, np.ones(3))
+    assert big.flags.writeable and big[0, 0] == 0.
+    np.testing.assert_allclose(fd.gradient(lambda x: (x * big[1]).sum(), np.ones(3)), [3., 4., 5.])
+    assert big.flags.writeable and big[1:].flags.writeable
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError, KeyError])
+def test_flags_restored_when_f_raises(error):
+    buf = np.array([1., 2.])
+    def f(x):
+        y = x * buf
+        raise error("boom")
+    with pytest.raises(error, match="boom"):
+        fd.gradient(f, np.ones(2))
+    assert buf.flags.writeable
+
+def test_flags_restored_when_the_result_is_not_scalar_or_the_cotangent_is_bad():
+    buf = np.array([1., 2.])
+    with pytest.raises(fd.NonScalarOutputError):
+        fd.gradient(lambda x: x * buf, np.ones(2))
+    gc.collect()
+    assert buf.flags.writeable
+    pb = fd.pullback(lambda x: x * buf, np.ones(2))
+    with pytest.raises(DifferentiationError):
+        pb(np.ones(5))
+    del pb; gc.collect()
+    assert buf.flags.writeable
+
+def test_a_users_read_only_array_stays_read_only():
+    buf = np.array([1., 2.]); buf.flags.writeable = False
+    np.testing.assert_allclose(fd.gradient(lambda x: (x * buf).sum(), np.ones(2)), [1., 2.])
+    assert not buf.flags.writeable
+
+def test_nested_transforms_and_threads_give_every_array_back():
+    buf = np.array([1., 2., 3.])
+    second = fd.gradient(lambda x: (fd.gradient(lambda u: (u * u * buf).sum(), x) * buf).sum(), np.ones(3))
+    np.testing.assert_allclose(second, 2 * buf * buf)
+    assert buf.flags.writeable
+    errors = []
+    def work():
+        try:
+            for _ in range(50): np.testing.assert_allclose(fd.gradient(lambda x: (x * buf).sum(), np.ones(3)), buf)
+        except Exception as e: errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert not errors and buf.flags.writeable
+
+def test_inputs_and_constants_are_never_written():
+    x, c = np.array([1., 2., 3.]), np.array([2., 0.5, 4.])
+    x0, c0 = x.copy(), c.copy()
+    def f(x):
+        y = x * c
+        y += c                                                    # in-place operators make new traced values
+        y *= x
+        y -= 1.
+        x *= 2                                                    # an input: the user's array is not written
+        return (y * x).sum()
+    def numpy_f(x):
+        x = x.copy(); y = x * c; y += c; y *= x; y -= 1.; x *= 2
+        return (y * x).sum()
+    value, grad = fd.value_with_gradient(f, x)
+    np.testing.assert_allclose(value, numpy_f(x))
+    np.testing.assert_allclose(grad, numerical_gradient(numpy_f, x), rtol=1e-5)
+    np.testing.assert_array_equal(x, x0); np.testing.assert_array_equal(c, c0)
+    assert _writeable(x, c)
+
+
+# ---- 4. in-place operators on traced arrays ----
+
+def test_the_issues_example_is_refused():
+    def f(v):
+        y = v * 1
+        z = y[:1]
+        z *= 3                                                    # NumPy: y becomes [3, 2], the sum 5
+        return y.sum()
+    with pytest.raises(DifferentiationError, match=r"x \*= y: x is a traced array that shares memory.*x = x \* y"):
+        fd.value_with_gradient(f, np.array([1., 2.]))             # before: 3.0 and [1, 1]
+
+VIEWS = {'slice': lambda y: y[:1], 'T': lambda y: y.T, 'reshape': lambda y: y.reshape(2, 1),
+         'ravel': lambda y: y.ravel(), 'squeeze': lambda y: y.reshape(1, 2).squeeze(),
+         'transpose': lambda y: np.transpose(y), 'step': lambda y: y[::2]}
+OPS = {'+=': lambda a: operator.iadd(a, 1.), '-=': lambda a: operator.isub(a, 1.),      # as `a += 1.` runs
+       '*=': lambda a: operator.imul(a, 3.), '/=': lambda a: operator.itruediv(a, 2.),
+       '**=': lambda a: operator.ipow(a, 2.), '%=': lambda a: operator.imod(a, 5.)}
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("which", ["view", "base"])
+def test_in_place_on_shared_memory_is_refused(view, op, which):
+    v0 = np.array([1., 2.])
+    def f(v):
+        y = v * 1
+        z = VIEWS[view](y)
+        OPS[op](z if which == "view" else y)
+        return y.sum() + z.sum()
+    with pytest.raises(DifferentiationError, match="shares memory"):
+        fd.gradient(f, v0)
+    np.testing.assert_array_equal(v0, [1., 2.]); assert v0.flags.writeable
+
+@pytest.mark.parametrize("op", OPS)
+def test_in_place_on_unaliased_values_matches_numpy(op):
+    v0 = np.array([1.5, 2.5, 0.7])
+    def f(v):
+        y = v * 1.                                                # owns its memory: nothing else sees it
+        y = OPS[op](y)
+        return (y * v).sum()
+    numpy_f = lambda v: f(v.copy())
+    np.testing.assert_allclose(fd.value_with_gradient(f, v0)[0], numpy_f(v0))
+    np.testing.assert_allclose(fd.gradient(f, v0), numerical_gradient(numpy_f, v0), rtol=1e-5)
+
+def test_matmul_in_place_on_unaliased_value():
+    w = np.array([[1., 2.], [3., 4.]])
+    def f(x):
+        y = x * 1.
+        y @= w
+        return y.sum()
+    np.testing.assert_allclose(fd.gradient(f, np.ones((1, 2))), w.sum(1)[None, :])
+
+def test_loss_accumulation_and_leapfrog_keep_working():
+    dt, x0, v0 = 0.1, np.array([1., 0.]), np.array([0., 1.])
+    def step(x, vx):
+        loss = 0.0
+        for _ in range(5):
+            g = x                                                 # a spring: force -x
+            vx -= dt * g
+            x = x + dt * vx
+            loss += (x ** 2).sum()
+        return loss
+    value, (gx, gv) = fd.value_with_gradient(step, x0, v0)      # vx -= ... on a traced vx: a new traced value
+    np.testing.assert_allclose(value, step(x0.copy(), v0.copy()))
+    np.testing.assert_allclose(gx, numerical_gradient(lambda x: step(x, v0.copy()), x0.copy()), rtol=1e-5)
+    np.testing.assert_allclose(gv, numerical_gradient(lambda v: step(x0.copy(), v.copy()), v0.copy()), rtol=1e-5)
+    np.testing.assert_array_equal(v0, [0., 1.])                   # the user's array is not written
+
+def test_a_view_in_a_nested_transform_is_refused_too():
+    def f(v):
+        y = v * v
+        z = y[:1]
+        z += 1.
+        return y.sum()
+    with pytest.raises(DifferentiationError, match="shares memory"):
+        fd.gradient(lambda x: fd.gradient(f, x).sum(), np.array([1., 2.]))
+
+def test_a_view_that_died_long_ago_does_not_confuse_a_fresh_array():
+    def f(v):
+        total = 0.0
+        for _ in range(20):
+            y = v * 2.                                            # a new array each time
+            total = total + y[:1].sum()                           # a view taken, then dropped
+            w = v * 3.
+            w += 1.                                               # w owns fresh memory: allowed
+            total = total + w.sum()
+        return total
+    np.testing.assert_allclose(fd.gradient(f, np.array([1., 2.])), [20 * 2 + 20 * 3, 20 * 3])
