@@ -7,7 +7,7 @@ from .errors import *
 from .backend import set_backend, use_backend, get_backend, use_gpu, gpu_available, to_host, to_device
 from .primitives import relu, logsumexp, log_softmax
 from .engine import trace, trace_primitives
-from . import dispatch                    # registers the NumPy adapters in the engine's table
+from . import dispatch                    # declares the NumPy adapters in the registry's rows
 from . import linalg                      # and those of numpy.linalg
 from .dispatch import put_along_axis, supported_functions
 from .tree import Differentiable, nondifferentiable, tree_map

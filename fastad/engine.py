@@ -205,6 +205,14 @@ _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 _IN_PLACE = ("If this is an assignment into a NumPy array (`a[i] = x`): in-place updates of arrays with traced values "
              "are not differentiable; build a new array instead: numpy.where(mask, x, a), numpy.concatenate or numpy.stack")
 
+def _in_place(method, instead):
+    "An array method that changes its array in place: refused on a traced value, naming what to write instead."
+    def refuse(self, *args, **kwargs):
+        raise DifferentiationError(f"x.{method}() changes x in place, which cannot be differentiated; use {instead}, "
+                                   f"which returns a new array")
+    refuse.refused = True                             # supported_functions() leaves it out of the method forms
+    return refuse
+
 def _conversion(what):
     "The error for turning a traced array into a plain value of kind `what`."
     return DifferentiationError(f"{what} of a traced array would drop its derivative: keep it an array, or use "
@@ -320,6 +328,21 @@ class Traced:
         if kind != 'f': return unbox(self).astype(dtype)   # integers and booleans carry no derivative
         return apply(_ASTYPE, (self,), dict(dtype=dtype))
     def copy(self): return self                       # traced values are never changed in place
+    # methods that are NumPy functions of the same name: each reaches that function's row of the registry
+    def prod(self, axis=None, **kw): return np.prod(self, axis=axis, **kw)
+    def cumsum(self, axis=None, **kw): return np.cumsum(self, axis=axis, **kw)
+    def cumprod(self, axis=None, **kw): return np.cumprod(self, axis=axis, **kw)
+    def repeat(self, repeats, axis=None): return np.repeat(self, repeats, axis)
+    def diagonal(self, offset=0, axis1=0, axis2=1): return np.diagonal(self, offset, axis1, axis2)
+    def trace(self, offset=0, axis1=0, axis2=1, dtype=None): return np.trace(self, offset, axis1, axis2, dtype)
+    def take(self, indices, axis=None, **kw): return np.take(self, indices, axis, **kw)
+    def compress(self, condition, axis=None): return np.compress(condition, self, axis)
+    def conj(self): return self                       # real values: their own conjugates
+    conjugate = conj
+    def round(self, decimals=0): return np.round(unbox(self), decimals)   # piecewise constant: a plain result
+    def searchsorted(self, v, **kw): return np.searchsorted(unbox(self), unbox(v), **kw)
+    sort, partition = _in_place('sort', 'np.sort(x)'), _in_place('partition', 'np.partition(x, kth)')
+    put, fill = _in_place('put', 'fastad.put_along_axis or np.where'), _in_place('fill', 'np.full_like(x, value)')
 
     def __getattr__(self, name):
         "Only reached for names Traced lacks: an array method with no derivative gets an error that says so."
@@ -338,6 +361,8 @@ def _astype_vwc(x, *, dtype):
 _ASTYPE = Primitive('astype', _astype_vwc, unary=True)
 _NUMBERS = frozenset((float, int))
 _PLAIN_METHODS = frozenset(('argmax', 'argmin', 'argsort', 'nonzero', 'all', 'any'))
+_ARRAY_METHODS = ('prod', 'cumsum', 'cumprod', 'repeat', 'diagonal', 'trace', 'take', 'compress', 'conj', 'conjugate',
+                  'round', 'searchsorted', 'sort', 'partition', 'put', 'fill')   # the NumPy-named ones above
 
 # the operators' rows of the registry: `+` reads `_ADD.rule` on each call, so a custom derivative of np.add is in force
 _ADD, _SUB, _MUL, _DIV, _POW = (REGISTRY[np.add], REGISTRY[np.subtract], REGISTRY[np.multiply],
