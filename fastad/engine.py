@@ -201,13 +201,13 @@ def _no_derivative(name, attribute=False):
 _ADAPTERS = {}           # NumPy function -> its adapter, filled by fastad.dispatch; the key np.ufunc handles
                          # the keywords of any ufunc call (dtype=, out=)
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
-_STORE_SUBSCR = __import__('dis').opmap['STORE_SUBSCR']
+_STORES = {__import__('dis').opmap.get(op) for op in ('STORE_SUBSCR', 'STORE_SLICE')} - {None}   # a[i] = x, a[i:j] = x (3.12+)
 
 def _stored_into_an_array(depth):
     """Is NumPy converting a traced value because the user's code assigns it into an array (`a[i] = x`)? NumPy
     calls the conversion from C, so the Python frame `depth` levels up is the user's, at the assignment."""
     f = sys._getframe(depth)
-    return f.f_lasti >= 0 and f.f_code.co_code[f.f_lasti] == _STORE_SUBSCR
+    return f.f_lasti >= 0 and f.f_code.co_code[f.f_lasti] in _STORES
 
 _IN_PLACE = ("in-place updates of arrays with traced values are not differentiable (`a[i] = x` into a NumPy "
              "array `a` would drop x's derivative). Build a new array instead: numpy.where(mask, x, a), "
