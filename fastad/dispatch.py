@@ -13,6 +13,7 @@ from .primitives import axes_of
 from .engine import Traced, apply, unbox, _complex, _ARRAY_METHODS
 from .primitives import register, register_adapters
 from .errors import DifferentiationError
+from .backend import np2, in_this_numpy, NUMPY_CROSSES_2_VECTORS   # NumPy's versions
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #864ba4a4
 def _reject_out(name, kwargs):
@@ -327,15 +328,15 @@ def _linalg_matrix_norm(x, /, *, keepdims=False, ord='fro'):
     nd = np.ndim(x)
     return _matrix_norm('numpy.linalg.matrix_norm', x, ord, (nd - 2, nd - 1), keepdims)
 
-register_adapters({
+register_adapters(in_this_numpy({
     np.prod: _prod, np.cumsum: _scan(PM.cumsum_vwc.primitive), np.cumprod: _scan(PM.cumprod_vwc.primitive),
-    np.cumulative_sum: _cumulative(np.cumsum), np.cumulative_prod: _cumulative(np.cumprod),
+    np2.cumulative_sum: _cumulative(np.cumsum), np2.cumulative_prod: _cumulative(np.cumprod),
     np.trace: _trace, np.diff: _diff, np.average: _average, np.ptp: _ptp,
     np.nansum: _nan_reduction(np.sum, 0.0), np.nanprod: _nan_reduction(np.prod, 1.0), np.nanmean: _nanmean,
     np.nanmax: _nan_reduction(np.max, -np.inf), np.nanmin: _nan_reduction(np.min, np.inf),
     np.median: _median, np.quantile: _quantile, np.percentile: _percentile,
-    np.linalg.norm: _norm, np.linalg.vector_norm: _linalg_vector_norm, np.linalg.matrix_norm: _linalg_matrix_norm,
-})
+    np.linalg.norm: _norm, np2.linalg.vector_norm: _linalg_vector_norm, np2.linalg.matrix_norm: _linalg_matrix_norm,
+}))
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #br1f7737
 _LETTERS = string.ascii_letters
@@ -373,8 +374,9 @@ def _cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
     if axis is not None: axisa = axisb = axisc = axis
     a, b = np.moveaxis(a, axisa, -1), np.moveaxis(b, axisb, -1)
     n, m = np.shape(a)[-1], np.shape(b)[-1]
-    if n not in (2, 3) or m not in (2, 3):
-        raise ShapeError(f"numpy.cross: vectors must have 2 or 3 components, not {n} and {m}")
+    sizes = (2, 3) if NUMPY_CROSSES_2_VECTORS else (3,)             # as this NumPy does: 2.5 refuses 2-vectors
+    if n not in sizes or m not in sizes:
+        raise ShapeError(f"numpy.cross: vectors must have {' or '.join(map(str, sizes))} components, not {n} and {m}")
     c = lambda v, i: v[..., i] if i < np.shape(v)[-1] else 0.0        # a 2-vector's third component is 0
     if n == m == 2: return c(a, 0) * c(b, 1) - c(a, 1) * c(b, 0)
     parts = [c(a, 1) * c(b, 2) - c(a, 2) * c(b, 1), c(a, 2) * c(b, 0) - c(a, 0) * c(b, 2), c(a, 0) * c(b, 1) - c(a, 1) * c(b, 0)]
@@ -403,19 +405,19 @@ def _multi_dot(arrays, *, out=None):
     _reject_out('numpy.linalg.multi_dot', dict(out=out))
     return functools.reduce(np.matmul, arrays)
 
-register_adapters({
+register_adapters(in_this_numpy({
     np.tensordot: _tensordot, np.dot: _dot, np.inner: _inner, np.outer: lambda a, b, out=None: (
         _reject_out('numpy.outer', dict(out=out)) or np.ravel(a)[:, None] * np.ravel(b)[None, :]),
     np.vdot: lambda a, b: np.sum(np.ravel(a) * np.ravel(b)), np.kron: _kron, np.cross: _cross,
     np.einsum: _einsum, np.linalg.multi_dot: _multi_dot,
-    np.linalg.outer: lambda x1, x2, /: np.outer(x1, x2), np.linalg.matmul: lambda x1, x2, /: np.matmul(x1, x2),
-    np.linalg.tensordot: lambda x1, x2, /, *, axes=2: _tensordot(x1, x2, axes),
-    np.linalg.vecdot: lambda x1, x2, /, *, axis=-1: np.sum(x1 * x2, axis=axis),
-    np.linalg.cross: lambda x1, x2, /, *, axis=-1: _cross(x1, x2, axis=axis),
-    np.linalg.diagonal: lambda x, /, *, offset=0: np.diagonal(x, offset, -2, -1),
-    np.linalg.trace: lambda x, /, *, offset=0, dtype=None: np.sum(np.diagonal(x, offset, -2, -1), axis=-1, dtype=dtype),
-    np.linalg.matrix_transpose: lambda x, /: np.swapaxes(x, -1, -2),
-})
+    np2.linalg.outer: lambda x1, x2, /: np.outer(x1, x2), np2.linalg.matmul: lambda x1, x2, /: np.matmul(x1, x2),
+    np2.linalg.tensordot: lambda x1, x2, /, *, axes=2: _tensordot(x1, x2, axes),
+    np2.linalg.vecdot: lambda x1, x2, /, *, axis=-1: np.sum(x1 * x2, axis=axis),
+    np2.linalg.cross: lambda x1, x2, /, *, axis=-1: _cross(x1, x2, axis=axis),
+    np2.linalg.diagonal: lambda x, /, *, offset=0: np.diagonal(x, offset, -2, -1),
+    np2.linalg.trace: lambda x, /, *, offset=0, dtype=None: np.sum(np.diagonal(x, offset, -2, -1), axis=-1, dtype=dtype),
+    np2.linalg.matrix_transpose: lambda x, /: np.swapaxes(x, -1, -2),
+}))
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #br5099db
 def _take(a, indices, axis=None, out=None, mode='raise'):
@@ -556,14 +558,14 @@ def _sliding_window_view(x, window_shape, axis=None, *, subok=False, writeable=F
         raise NoDerivativeError(f"{name}: a window repeated along one axis (axis={axis!r}) has no derivative in fastad")
     return apply(PM.sliding_window_view_vwc.primitive, (x,), dict(window_shape=window, axis=axes))
 
-register_adapters({
+register_adapters(in_this_numpy({
     np.take: _take, np.take_along_axis: _take_along_axis,
     np.repeat: _repeat, np.tile: _tile, np.pad: _pad,
     np.flip: _flip, np.flipud: lambda m: _flip(m, 0), np.fliplr: lambda m: _flip(m, 1), np.rot90: _rot90,
     np.roll: lambda a, shift, axis=None: apply(PM.roll_vwc.primitive, (a,), dict(
         shift=_static('numpy.roll', shift, 'shift'), axis=None if axis is None else axes_of(axis))),
     np.moveaxis: _moveaxis, np.rollaxis: _rollaxis,
-    np.matrix_transpose: lambda x, /: np.swapaxes(x, -1, -2),
+    np2.matrix_transpose: lambda x, /: np.swapaxes(x, -1, -2),
     np.diag: _diag, np.diagflat: lambda v, k=0: _diag(np.ravel(v), k),
     np.diagonal: lambda a, offset=0, axis1=0, axis2=1: apply(PM.diagonal_vwc.primitive, (a,), dict(
         offset=operator.index(offset), axis1=operator.index(axis1), axis2=operator.index(axis2))),
@@ -574,7 +576,7 @@ register_adapters({
     np.sort: _sort, np.partition: _partition,
     np.compress: _compress, np.select: _select,
     np.lib.stride_tricks.sliding_window_view: _sliding_window_view,
-})
+}))
 register(np.put_along_axis, adapt=_put_along_axis, refused=True)   # explains the refusal: no derivative
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #braefd9f
@@ -631,7 +633,7 @@ def _split_along(axis_of, name, least):
         return _array_split(ary, indices_or_sections, axis_of(ary), equal=True)
     return adapter
 
-register_adapters({
+register_adapters(in_this_numpy({
     np.vstack: _join(np.atleast_2d, lambda arrays: 0), np.hstack: _join(np.atleast_1d, lambda arrays: 0 if np.ndim(arrays[0]) == 1 else 1),
     np.dstack: _join(np.atleast_3d, lambda arrays: 2), np.column_stack: lambda tup: np.concatenate([_column(a) for a in tup], axis=1),
     np.append: _append, np.block: _block,
@@ -639,8 +641,8 @@ register_adapters({
     np.array_split: _array_split,
     np.hsplit: _split_along(lambda a: 1 if np.ndim(a) > 1 else 0, 'numpy.hsplit', 1),
     np.vsplit: _split_along(lambda a: 0, 'numpy.vsplit', 2), np.dsplit: _split_along(lambda a: 2, 'numpy.dsplit', 3),
-    np.unstack: lambda x, /, *, axis=0: tuple(x[_along(operator.index(axis), np.ndim(x), i)] for i in range(np.shape(x)[axis])),
-})
+    np2.unstack: lambda x, /, *, axis=0: tuple(x[_along(operator.index(axis), np.ndim(x), i)] for i in range(np.shape(x)[axis])),
+}))
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #brbf7d43
 def _linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0, *, device=None):
@@ -712,7 +714,7 @@ def _histogram(a, bins=10, range=None, density=None, weights=None):
 register_adapters({np.unique: _unique, np.bincount: _bincount, np.histogram: _histogram})
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #brd233bd
-def _names(*fs): return fs
+def _names(*fs): return tuple(f for f in fs if f is not None)   # None: a function this NumPy lacks
 
 GROUPS = {
     'arithmetic': _names(np.add, np.subtract, np.multiply, np.true_divide, np.power, np.remainder, np.negative,
@@ -723,25 +725,25 @@ GROUPS = {
                           np.sinc, np.logaddexp, np.logaddexp2, np.deg2rad, np.radians, np.rad2deg, np.degrees,
                           np.nan_to_num, np.clip, np.where, np.heaviside),
     'reductions and scans': _names(np.sum, np.mean, np.max, np.amax, np.min, np.amin, np.var, np.std, np.prod, np.cumsum,
-                                   np.cumprod, np.cumulative_sum, np.cumulative_prod, np.trace, np.diff, np.average,
+                                   np.cumprod, np2.cumulative_sum, np2.cumulative_prod, np.trace, np.diff, np.average,
                                    np.ptp, np.nansum, np.nanprod, np.nanmean, np.nanmax, np.nanmin, np.median,
-                                   np.quantile, np.percentile, np.bincount, np.histogram, np.linalg.norm, np.linalg.vector_norm,
-                                   np.linalg.matrix_norm, np.linalg.trace),
+                                   np.quantile, np.percentile, np.bincount, np.histogram, np.linalg.norm, np2.linalg.vector_norm,
+                                   np2.linalg.matrix_norm, np2.linalg.trace),
     'products': _names(np.matmul, np.dot, np.einsum, np.tensordot, np.inner, np.outer, np.vdot, np.kron, np.cross,
-                       np.linalg.multi_dot, np.linalg.outer, np.linalg.matmul, np.linalg.tensordot, np.linalg.vecdot,
-                       np.linalg.cross),
+                       np.linalg.multi_dot, np2.linalg.outer, np2.linalg.matmul, np2.linalg.tensordot, np2.linalg.vecdot,
+                       np2.linalg.cross),
     'shape and indexing': _names(np.reshape, np.transpose, np.swapaxes, np.squeeze, np.expand_dims, np.ravel,
                                  np.broadcast_to, np.take, np.take_along_axis, np.repeat, np.tile, np.pad, np.flip,
                                  np.flipud, np.fliplr, np.rot90, np.roll, np.moveaxis, np.rollaxis,
-                                 np.matrix_transpose, np.linalg.matrix_transpose, np.diag, np.diagflat, np.diagonal,
-                                 np.linalg.diagonal, np.triu, np.tril, np.atleast_1d, np.atleast_2d, np.atleast_3d,
+                                 np2.matrix_transpose, np2.linalg.matrix_transpose, np.diag, np.diagflat, np.diagonal,
+                                 np2.linalg.diagonal, np.triu, np.tril, np.atleast_1d, np.atleast_2d, np.atleast_3d,
                                  np.sort, np.partition, np.unique, np.compress, np.select, np.lib.stride_tricks.sliding_window_view),
     'joining and splitting': _names(np.concatenate, np.stack, np.vstack, np.hstack, np.dstack,
                                     np.column_stack, np.append, np.block, np.split, np.array_split, np.hsplit,
-                                    np.vsplit, np.dsplit, np.unstack),
+                                    np.vsplit, np.dsplit, np2.unstack),
     'building arrays': _names(np.linspace, np.logspace, np.full_like, np.copy),
     'linear algebra': _names(np.linalg.inv, np.linalg.solve, np.linalg.det, np.linalg.slogdet, np.linalg.cholesky,
-                             np.linalg.eigh, np.linalg.eigvalsh, np.linalg.svd, np.linalg.svdvals, np.linalg.pinv,
+                             np.linalg.eigh, np.linalg.eigvalsh, np.linalg.svd, np2.linalg.svdvals, np.linalg.pinv,
                              np.linalg.qr, np.linalg.matrix_power, np.linalg.cond),   # their rules: fastad.linalg (03a2)
 }
 _GROUP_OF = {f: g for g, fs in GROUPS.items() for f in fs}

@@ -13,6 +13,7 @@ from .errors import DifferentiationError, ArgumentError, ShapeError
 from .primitives import Primitive, defvwc, unbroadcast, NONDIFFERENTIABLE
 from .primitives_more import _module
 from .primitives import register_adapters
+from .backend import np2, in_this_numpy, solve_takes_vectors   # NumPy's versions
 
 # %% ../nbs/03a2_linear_algebra.ipynb #lab5d931
 EighResult, SVDResult, QRResult, SlogdetResult = (type(f(np.eye(1))) for f in (np.linalg.eigh, np.linalg.svd, np.linalg.qr, np.linalg.slogdet))
@@ -41,8 +42,8 @@ def inv_vwc(a):
 
 @defvwc(np.linalg.solve)
 def solve_vwc(a, b):
-    "x = A⁻¹b, b a vector or a stack of matrices (NumPy 2's rule); batch axes broadcast."
-    vector = np.ndim(b) == 1
+    "x = A⁻¹b, b a vector or a stack of matrices (as this NumPy reads b); batch axes broadcast."
+    vector = solve_takes_vectors(a, b)
     x = np.linalg.solve(a, b)
     def b_bar(g): return np.linalg.solve(_T(a), g[..., None] if vector else g)       # A⁻ᵀ ḡ
     def da(g): return unbroadcast(-b_bar(g) @ _T(x[..., None] if vector else x), np.shape(a))
@@ -202,7 +203,7 @@ def qr_vwc(a, *, mode='reduced'):
 @defvwc(name='pinv', unary=True)
 def pinv_vwc(a, *, rcond=None, **kw):
     "A⁺; its slope holds where the rank does not change (across a change of rank A⁺ jumps)."
-    p = np.linalg.pinv(a, rcond, **kw)
+    p = np.linalg.pinv(a, **kw) if rcond is None else np.linalg.pinv(a, rcond, **kw)   # NumPy 1.26 refuses rcond=None
     def chain(g):
         gt = _T(g)
         return (-_T(p) @ g @ _T(p) + (gt - a @ (p @ gt)) @ (p @ _T(p)) + (_T(p) @ p) @ (gt - (gt @ p) @ a))
@@ -284,12 +285,12 @@ def _cond(x, p=None):
         return s[..., -1] / s[..., 0] if p == -2 else s[..., 0] / s[..., -1]
     return np.linalg.norm(x, p, axis=(-2, -1)) * np.linalg.norm(np.linalg.inv(x), p, axis=(-2, -1))
 
-register_adapters({
+register_adapters(in_this_numpy({
     np.linalg.slogdet: _linalg_slogdet, np.linalg.eigh: _linalg_eigh, np.linalg.svd: _linalg_svd,
     np.linalg.qr: _linalg_qr, np.linalg.pinv: _linalg_pinv, np.linalg.matrix_power: _matrix_power,
     np.linalg.cond: _cond,
     np.linalg.cholesky: lambda a, /, *, upper=False: _cholesky(a, upper=upper),
     np.linalg.eigvalsh: lambda a, UPLO='L': eigvalsh_vwc.primitive(a, UPLO=_uplo('numpy.linalg.eigvalsh', UPLO)),
-    np.linalg.svdvals: lambda x, /: svdvals_vwc.primitive(x),
-})
+    np2.linalg.svdvals: lambda x, /: svdvals_vwc.primitive(x),
+}))
 NONDIFFERENTIABLE.add(np.linalg.matrix_rank)

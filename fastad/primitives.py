@@ -69,6 +69,7 @@ def entry(of):
 def register(*fns, primitive=None, adapt=None, refused=False):
     "Declare, for each NumPy callable in `fns`, the primitive that differentiates it and/or its signature adapter."
     for f in fns:
+        if f is None: continue                        # a function this NumPy lacks (`fastad.backend.np2`): no row
         e = entry(f)
         if primitive is not None:
             e.primitive = primitive

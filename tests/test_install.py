@@ -1,5 +1,7 @@
 """`pip install fastad` brings only what importing fastad needs; the course's tools come with the `course` extra."""
-import shutil, subprocess, sys, tomllib, venv
+import shutil, subprocess, sys, venv
+try: import tomllib
+except ModuleNotFoundError: import tomli as tomllib            # Python 3.10
 from pathlib import Path
 import pytest
 
