@@ -18,4 +18,4 @@ from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_e
 from .drawing import draw, tape_of, Tape
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential, BudgetWarning)
-from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, planner, memory, drawing
+from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory, drawing
