@@ -222,12 +222,9 @@ def with_recomputation_in_pullbacks(x, body, generators=()):
     return make_recomputed_in_gradient(body, generators)(x)
 
 # %% ../nbs/05_checkpointing.ipynb #7c138b12
-import contextlib, functools, gc, numbers, tracemalloc, warnings
-from typing import NamedTuple
+import numbers, warnings
 from fastcore.basics import patch
-from .engine import unbox, trace_primitives
 from .layers import Layer, sequenced
-from .memory import MemoryMeter
 from .tree import nondifferentiable
 
 # %% ../nbs/05_checkpointing.ipynb #559cf6ac
@@ -358,7 +355,18 @@ def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
             else CheckpointPlan(budget=int(budget), generators=generators))
     return CheckpointedSequence(layers=list(layers), plan=plan)
 
-# %% ../nbs/05_checkpointing.ipynb #29fcdf56
+# %% ../nbs/05_checkpointing.ipynb #c5c00005
+import contextlib, functools, gc, tracemalloc
+from typing import NamedTuple
+import numpy as np
+from . import backend
+from .engine import unbox, trace_primitives
+from .errors import ArgumentError
+from .memory import MemoryMeter
+from .transforms import value_with_pullback
+from .tree import flatten
+
+# %% ../nbs/05_checkpointing.ipynb #c5c00007
 class LayerCost(NamedTuple):
     "A layer's memory in bytes: its output, and what else its pullback keeps (beyond its input and parameters)."
     output: int
@@ -398,34 +406,39 @@ def measure_layers(layers, x):
             x = y
     return costs
 
+
+# %% ../nbs/05_checkpointing.ipynb #c5c0000b
 def estimate(costs, segments, margin=None):
     """`(peak, recomputed)`: a step's estimated peak in bytes (above parameters and gradients) and how many
-    layers it runs twice, for `segments` [(start, stop, recomputed)]. Until the backward pass ends, a stored
-    segment holds everything its layers keep, a recomputed one only its output (the next one's input); while
-    the backward pass is inside a segment, that segment holds everything. `margin`: cotangents in flight."""
+    layers it runs twice, for `segments` [(start, stop, recomputed)]. After the forward pass a stored segment
+    holds everything its layers keep, a recomputed one only its output (the next one's input). `gradient` frees
+    each tape entry once the backward sweep has passed it, so while the sweep is inside a segment, the segments
+    before it hold what they kept, that segment holds everything, and those after it hold nothing.
+    `margin`: cotangents in flight."""
     if margin is None: margin = _margin(costs)
-    held, whole = [], []
+    peak = held = 0
     for s, e, recomputed in segments:
         everything = sum(c.output + c.saved for c in costs[s:e])
-        held.append(costs[e - 1].output if recomputed else everything)
-        whole.append(everything)
-    peak = sum(held) + max(w - h for w, h in zip(whole, held)) + margin        # (the tape is freed only at the end)
-    return peak, sum(e - s for s, e, r in segments if r)
+        peak = max(peak, held + everything)                # the sweep inside this segment: the earlier ones still held
+        held += costs[e - 1].output if recomputed else everything
+    return peak + margin, sum(e - s for s, e, r in segments if r)
 
 def _margin(costs):
     "Bytes in flight besides what is held: a few cotangents, the loss's own, a recomputed output's twin."
     return 7 * max(c.output for c in costs)
 
+
+# %% ../nbs/05_checkpointing.ipynb #c5c0000f
 @functools.lru_cache(maxsize=8)
 def _fronts(costs):
     """For each number of recomputed layers `c`, the plans over all the layers that nothing beats on both
-    `held` (bytes held until the backward pass) and `excess` (the largest recomputed segment's bytes beyond
-    its output): `{c: [(held, excess, how)]}`. A shortest-path sweep over layer boundaries; storing layers one
-    at a time loses nothing, as a stored run holds the same split or not."""
+    `held` (bytes the segments hold after the forward pass) and `peak` (`estimate`'s peak, without the margin):
+    `{c: [(held, peak, how)]}`. A shortest-path sweep over layer boundaries; storing layers one at a time loses
+    nothing, as a stored run reaches the same peak split or not."""
     n = len(costs)
     ends = [0]
     for c in costs: ends.append(ends[-1] + c.output + c.saved)
-    fronts = [dict() for _ in range(n + 1)]             # fronts[e][c]: [(held, excess, how)] over layers[:e]
+    fronts = [dict() for _ in range(n + 1)]             # fronts[e][c]: [(held, peak, how)] over layers[:e]
     fronts[0][0] = [(0, 0, None)]
     def offer(e, c, item):
         fronts[e].setdefault(c, []).append(item)
@@ -434,15 +447,15 @@ def _fronts(costs):
             front = _pareto(front)
             fronts[s][c] = front
             for item in front:
-                held, excess = item[:2]
-                offer(s + 1, c, (held + ends[s + 1] - ends[s], excess, (s, False, item)))          # store layer s
+                held, peak = item[:2]
+                stored = held + ends[s + 1] - ends[s]
+                offer(s + 1, c, (stored, max(peak, stored), (s, False, item)))                  # store layer s
                 for e in range(s + 1, n + 1):                                                   # recompute s..e-1
-                    out = costs[e - 1].output
-                    offer(e, c + e - s, (held + out, max(excess, ends[e] - ends[s] - out), (s, True, item)))
+                    offer(e, c + e - s, (held + costs[e - 1].output, max(peak, held + ends[e] - ends[s]), (s, True, item)))
     return {c: _pareto(front) for c, front in fronts[n].items()}
 
 def _pareto(front):
-    "The items that no other beats on both held and excess."
+    "The items that no other beats on both held and peak."
     kept = []
     for item in sorted(front, key=lambda t: (t[0], t[1])):
         if not kept or item[1] < kept[-1][1]: kept.append(item)
@@ -461,14 +474,14 @@ def _best_plan(costs, budget, margin):
     "`plan_for_budget`'s plan, or None when none fits."
     fronts = _fronts(tuple(costs))
     for c in sorted(fronts):
-        fits = [item for item in fronts[c] if item[0] + item[1] + margin <= budget]
-        if fits: return _segments_of(min(fits, key=lambda t: t[0] + t[1]), len(costs))
+        fits = [item for item in fronts[c] if item[1] + margin <= budget]
+        if fits: return _segments_of(min(fits, key=lambda t: t[1]), len(costs))
     return None
 
 def _smallest_peak(costs, margin):
     "`(segments, peak)`: the plan with the smallest estimated peak, recomputing each layer at most once."
-    item = min((item for front in _fronts(tuple(costs)).values() for item in front), key=lambda t: t[0] + t[1])
-    return _segments_of(item, len(costs)), item[0] + item[1] + margin
+    item = min((item for front in _fronts(tuple(costs)).values() for item in front), key=lambda t: t[1])
+    return _segments_of(item, len(costs)), item[1] + margin
 
 def plan_for_budget(costs, budget, margin=None):
     """The segments [(start, stop, recomputed)] that recompute the fewest layers while `estimate` stays within
@@ -487,3 +500,4 @@ def _merged(segments):
         if out and not r and not out[-1][2]: out[-1] = (out[-1][0], e, False)
         else: out.append((s, e, r))
     return out
+

@@ -74,6 +74,7 @@ def pads(op, size, window, stride, padding):
     total = max((out - 1) * stride + window - size, 0)
     return total // 2, total - total // 2               # the odd pixel goes after
 
+# %% ../nbs/05a_cnn_layers.ipynb #fb4ff8s1
 def _pad(x, amounts, value=0):
     "`x` padded along height and width by `amounts` ((top, bottom), (left, right)); `x` itself when there is none."
     (top, bottom), (left, right) = amounts
@@ -124,6 +125,7 @@ def _conv_value(x, filter, *, strides, amounts):
     "B(x, filter): (padded) `x` correlated with `filter`."
     return _correlate(_pad(x, amounts), filter, strides)
 
+# %% ../nbs/05a_cnn_layers.ipynb #e52f2fs1
 def _conv_dx_value(g, filter, *, shape, strides, amounts):
     "The cotangent of `x` (of `shape`) from the output's `g`: `g` spread out to the strides, correlated with the flipped filter."
     kh, kw, c, o = filter.shape
@@ -164,6 +166,7 @@ _conv = Primitive('conv2d', _conv_vwc, forward=_conv_value)
 _conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value)
 _conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value)
 
+# %% ../nbs/05a_cnn_layers.ipynb #e52f2fs2
 @defvwc(name='conv2d')
 def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
     "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
@@ -224,6 +227,7 @@ def _at(k, geometry):
     i, j = divmod(k, pw)
     return slice(None), slice(i, i + oh * sh, sh), slice(j, j + ow * sw, sw)
 
+# %% ../nbs/05a_cnn_layers.ipynb #05ed11s1
 def _pool_scatter_value(g, *, winner, geometry):
     "Each output's cotangent `g` sent to the pixel that won its window."
     shape, ((top, _), (left, _)), padded_shape, (ph, pw), (sh, sw), _ = geometry
@@ -303,6 +307,7 @@ def _filter_shape(shape):
                             f"out channels), got {shape!r}")
     return tuple(int(v) for v in shape)
 
+# %% ../nbs/05a_cnn_layers.ipynb #84e036s1
 @stores_its_fields                                    # given its fields, __init__ only checks them
 class Conv2D(Layer):
     "A 2-D convolution layer, `activation(conv2d(x, filter) + bias)`, on NHWC input with an HWIO filter."
@@ -342,6 +347,7 @@ class Conv2D(Layer):
         return (f"Conv2D(filter {np.shape(self.filter)}, strides={self.strides}, padding={self.padding!r}, "
                 f"activation={getattr(self.activation, '__name__', self.activation)})")
 
+# %% ../nbs/05a_cnn_layers.ipynb #84e036s2
 @stores_its_fields                                    # __post_init__ only checks and normalizes
 class MaxPool2D(Layer):
     "Max pooling: the largest value of each `pool_size` window of NHWC input, windows `strides` apart."

@@ -15,58 +15,6 @@ from .primitives import relu
 from .tree import (Differentiable, nondifferentiable, flatten, leaves_like, stores_its_fields, tree_map, is_leaf,
                          is_container, items, rebuilt, _fields_of)
 
-# %% ../nbs/04_custom_derivatives.ipynb #132a1cff
-def _moved(x, d, where):
-    "`x + d` as a new value of `x`'s type and dtype (a float stays a float, float32 stays float32)."
-    if d is None: return x                                # None: a zero step
-    if np.shape(d) != np.shape(x):
-        raise ShapeError(f"move: {where} has shape {tuple(np.shape(d))}, but the field has shape {tuple(np.shape(x))}")
-    new = x + d
-    if type(x) is float: return float(new)
-    if isinstance(x, np.generic): return type(x)(new)
-    return new if new.dtype == x.dtype else new.astype(x.dtype)
-
-def _part(d, key): return None if d is None else d[key] if isinstance(d, (list, tuple, dict)) else getattr(d, key)
-
-def _directions(x, d, found):
-    "Every model in `x`, each once, with the parts of direction `d` that belong to it: `{id(model): (model, [parts])}`."
-    if d is None: return
-    if isinstance(x, Differentiable):
-        if id(x) in found: found[id(x)][1].append(d); return      # met again (a layer used twice): one more part
-        found[id(x)] = (x, [d])
-        for name, differentiable in _fields_of(type(x)).differentiable:
-            if differentiable: _directions(getattr(x, name), getattr(d, name), found)
-    elif is_container(x):
-        for key, value in items(x): _directions(value, _part(d, key), found)
-
-def _stepped(x, steps, where):
-    "Value `x` (a leaf, or a structure of leaves and models) moved by the sum of `steps`; models stay themselves."
-    if is_leaf(x):
-        steps = [s for s in steps if s is not None]
-        return _moved(x, sum(steps[1:], steps[0]) if steps else None, where)
-    if isinstance(x, Differentiable) or not is_container(x): return x     # a model moves on its own; a static value stays
-    return rebuilt(x, [_stepped(v, [_part(s, k) for s in steps], f"{where}[{k!r}]") for k, v in items(x)], construct=False)
-
-@patch
-def move(self: Differentiable, along):
-    """Move the model by `along` (a value of its class, e.g. a scaled gradient), field by field, and return it.
-    Fields are rebound to new arrays (the old ones are left as they were); sub-models, in fields or in lists,
-    are moved in place, so a layer that appears twice stays one layer, moved by the sum of both parts."""
-    if type(along) is not type(self):
-        raise DifferentiationError(f"move: along is a {type(along).__name__}, but the model is a {type(self).__name__}: "
-                                   f"a direction has the model's own class (its gradient, say)")
-    flatten(self, where=type(self).__name__, static_ok=True)      # a model that contains itself: a clear error
-    leaves_like(self, along, 'move: along')                       # the whole direction fits before anything moves
-    found = {}
-    _directions(self, along, found)
-    for model, parts in found.values():
-        for name, differentiable in _fields_of(type(model)).differentiable:
-            if not differentiable: continue
-            new = _stepped(getattr(model, name), [getattr(d, name) for d in parts], f"along.{name}")
-            object.__setattr__(model, name, new)
-    return self
-
-
 # %% ../nbs/04_custom_derivatives.ipynb #e5fc6aaa
 class Layer(Differentiable):
     "A differentiable model you can call: subclasses define `forward(self, x)`, and `layer(x)` runs it."
@@ -146,6 +94,58 @@ def mse(predicted, expected):
         raise ShapeError(f"mse: predicted has shape {p} but expected has shape {e}; {why}. Reshape one to match "
                          f"(e.g. expected.reshape({p}))")
     return ((predicted - expected) ** 2).mean()
+
+# %% ../nbs/04_custom_derivatives.ipynb #132a1cff
+def _moved(x, d, where):
+    "`x + d` as a new value of `x`'s type and dtype (a float stays a float, float32 stays float32)."
+    if d is None: return x                                # None: a zero step
+    if np.shape(d) != np.shape(x):
+        raise ShapeError(f"move: {where} has shape {tuple(np.shape(d))}, but the field has shape {tuple(np.shape(x))}")
+    new = x + d
+    if type(x) is float: return float(new)
+    if isinstance(x, np.generic): return type(x)(new)
+    return new if new.dtype == x.dtype else new.astype(x.dtype)
+
+def _part(d, key): return None if d is None else d[key] if isinstance(d, (list, tuple, dict)) else getattr(d, key)
+
+def _directions(x, d, found):
+    "Every model in `x`, each once, with the parts of direction `d` that belong to it: `{id(model): (model, [parts])}`."
+    if d is None: return
+    if isinstance(x, Differentiable):
+        if id(x) in found: found[id(x)][1].append(d); return      # met again (a layer used twice): one more part
+        found[id(x)] = (x, [d])
+        for name, differentiable in _fields_of(type(x)).differentiable:
+            if differentiable: _directions(getattr(x, name), getattr(d, name), found)
+    elif is_container(x):
+        for key, value in items(x): _directions(value, _part(d, key), found)
+
+def _stepped(x, steps, where):
+    "Value `x` (a leaf, or a structure of leaves and models) moved by the sum of `steps`; models stay themselves."
+    if is_leaf(x):
+        steps = [s for s in steps if s is not None]
+        return _moved(x, sum(steps[1:], steps[0]) if steps else None, where)
+    if isinstance(x, Differentiable) or not is_container(x): return x     # a model moves on its own; a static value stays
+    return rebuilt(x, [_stepped(v, [_part(s, k) for s in steps], f"{where}[{k!r}]") for k, v in items(x)], construct=False)
+
+@patch
+def move(self: Differentiable, along):
+    """Move the model by `along` (a value of its class, e.g. a scaled gradient), field by field, and return it.
+    Fields are rebound to new arrays (the old ones are left as they were); sub-models, in fields or in lists,
+    are moved in place, so a layer that appears twice stays one layer, moved by the sum of both parts."""
+    if type(along) is not type(self):
+        raise DifferentiationError(f"move: along is a {type(along).__name__}, but the model is a {type(self).__name__}: "
+                                   f"a direction has the model's own class (its gradient, say)")
+    flatten(self, where=type(self).__name__, static_ok=True)      # a model that contains itself: a clear error
+    leaves_like(self, along, 'move: along')                       # the whole direction fits before anything moves
+    found = {}
+    _directions(self, along, found)
+    for model, parts in found.values():
+        for name, differentiable in _fields_of(type(model)).differentiable:
+            if not differentiable: continue
+            new = _stepped(getattr(model, name), [getattr(d, name) for d in parts], f"along.{name}")
+            object.__setattr__(model, name, new)
+    return self
+
 
 # %% ../nbs/04_custom_derivatives.ipynb #1279cbbc
 def _positive(op, name, value, zero_ok=False):
