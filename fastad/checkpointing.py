@@ -13,7 +13,7 @@ import numpy as np
 from . import backend, engine, transforms
 from .errors import ArgumentError, DifferentiationError
 from .primitives import Primitive
-from .transforms import (value_with_pullback, differentiable_function, _Parts, _zeros_like, _split_chain,
+from .transforms import (value_with_pullback, differentiable_function, _door, _split_chain,
                                _refuse_foreign_traces, rules_in_force, rules_restored)
 from .tree import flatten, is_container
 
@@ -121,19 +121,6 @@ def _innermost(x):
     while type(x) is engine.Traced: x = x.value
     return x
 
-def _cotangent_maker(value):
-    """`g -> _cotangent_like(value, g)` that keeps of `value` only its structure, shapes and dtypes (a one-element
-    zero per array), not its arrays: a recomputed function's pullback holds its inputs and nothing more.
-    None for a result that is one value: its cotangent needs nothing."""
-    if not is_container(value): return None
-    leaves, rebuild = flatten(value, static_ok=True)
-    specs = [(np.zeros_like(l, shape=()), np.shape(l)) if np.ndim(l) else (l, None) for l in map(_innermost, leaves)]
-    def like(g):
-        if type(g) is not _Parts: return g
-        return rebuild([c if c is not None else _zeros_like(z) if shape is None else np.zeros_like(z, shape=shape)
-                        for (z, shape), c in zip(specs, g.cts)])
-    return like
-
 def _leaves(x): return flatten(x, static_ok=True)[0] if is_container(x) else (x,)
 
 def _fingerprint(value):
@@ -191,7 +178,7 @@ def make_recomputed_in_gradient(f, generators=()):
         value = f(*args, **kwargs)
         _refuse_foreign_traces(name, value, args)        # a traced value reached through a closure: refused now
         drawn = [s for s in snapshot if s.moved()]       # only the generators f drew from are kept, to replay
-        like, fingerprint = _cotangent_maker(value), _fingerprint(value)
+        like, fingerprint = _door(value), _fingerprint(value)
         def leaf_cotangents(g):
             log = engine._log.get()                        # the trace_primitives log open here, if any
             if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f

@@ -47,7 +47,7 @@ def _new(trace, value, entry):
     trace.tape.append(entry)
     return t
 
-def _finished():
+def _used_after_its_transform():
     return DifferentiationError("a traced value was used after its transform finished: return it from the "
                                 "function instead of storing it, or use without_derivative(x)")
 
@@ -80,7 +80,7 @@ def apply(prim, args, kwargs=_NO_KWARGS):
     for a in args:
         if type(a) is Traced and (top is None or a._trace.level > top.level): top = a._trace
     if top is None: return prim(*args, **kwargs)      # nothing traced among the inputs
-    if not top.active: raise _finished()
+    if not top.active: raise _used_after_its_transform()
     vals = [a.value if type(a) is Traced and a._trace is top else a for a in args]
     ans, chains = prim.vwc(*vals, **kwargs)
     # A real input meets a complex constant only here (a Python number's fast path takes floats and ints), so
@@ -103,7 +103,7 @@ def apply(prim, args, kwargs=_NO_KWARGS):
 def _apply_one(prim, x, kwargs):
     "`apply` for one traced input: the engine's hottest path (`np.sin(x)`, `x.sum(axis=0)`)."
     trace = x._trace
-    if not trace.active: raise _finished()
+    if not trace.active: raise _used_after_its_transform()
     ans, chain = prim.vwc(x.value, **kwargs) if kwargs else prim.vwc(x.value)
     if type(ans) is np.ndarray and (ans.base is not None or ans is x.value): _note_view(trace, ans)   # x[:1], x.T
     if _logging: _record('forward', prim.name)
@@ -118,7 +118,7 @@ def _apply_two(prim, x, y, kwargs=_NO_KWARGS):
     The operators call it directly; anything else (a constant, two traces) goes to `apply`."""
     if type(x) is not Traced or type(y) is not Traced or x._trace is not y._trace: return apply(prim, (x, y), kwargs)
     trace = x._trace
-    if not trace.active: raise _finished()
+    if not trace.active: raise _used_after_its_transform()
     ans, (cx, cy) = prim.vwc(x.value, y.value, **kwargs) if kwargs else prim.vwc(x.value, y.value)
     if type(ans) is not float:                        # a float result came from two numbers: real, not broadcast
         _refuse_complex(prim.name, ans)               # (a float ** a float can be complex)
@@ -138,7 +138,7 @@ def _apply_two(prim, x, y, kwargs=_NO_KWARGS):
 def apply_scalar(prim, x, c, reflected):
     "`x op c` (or `c op x` when `reflected`) for a Python float or int `c`: no broadcasting, one parent."
     trace = x._trace
-    if not trace.active: raise _finished()
+    if not trace.active: raise _used_after_its_transform()
     ans, chains = prim.vwc(c, x.value) if reflected else prim.vwc(x.value, c)
     if type(ans) is complex: raise _complex(prim.name)     # Python's (-2.0) ** 0.5 is complex, not NaN
     if _logging: _record('forward', prim.name)

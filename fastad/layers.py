@@ -13,7 +13,7 @@ from .backend import random_normal, zeros
 from .errors import ArgumentError, DifferentiationError, ShapeError
 from .primitives import relu
 from .tree import (Differentiable, nondifferentiable, flatten, leaves_like, stores_its_fields, tree_map, is_leaf,
-                         is_container, items, rebuilt, _fields_of)
+                         is_container, items, rebuilt, _fields_of, _derives_in_post_init)
 
 # %% ../nbs/04_custom_derivatives.ipynb #e5fc6aaa
 class Layer(Differentiable):
@@ -131,7 +131,8 @@ def _stepped(x, steps, where):
 def move(self: Differentiable, along):
     """Move the model by `along` (a value of its class, e.g. a scaled gradient), field by field, and return it.
     Fields are rebound to new arrays (the old ones are left as they were); sub-models, in fields or in lists,
-    are moved in place, so a layer that appears twice stays one layer, moved by the sum of both parts."""
+    are moved in place, so a layer that appears twice stays one layer, moved by the sum of both parts. A model
+    whose `__post_init__` derives values runs it again (inner models first), so they follow the new fields."""
     if type(along) is not type(self):
         raise DifferentiationError(f"move: along is a {type(along).__name__}, but the model is a {type(self).__name__}: "
                                    f"a direction has the model's own class (its gradient, say)")
@@ -144,6 +145,8 @@ def move(self: Differentiable, along):
             if not differentiable: continue
             new = _stepped(getattr(model, name), [getattr(d, name) for d in parts], f"along.{name}")
             object.__setattr__(model, name, new)
+    for model, _ in reversed(found.values()):                    # a model's parts before the model: it may derive from them
+        if _derives_in_post_init(type(model)): model.__post_init__()
     return self
 
 
@@ -165,14 +168,14 @@ def _parameter_keys(x, owner, path, keys):
 
 def _gathered(model, gradient, where):
     """`gradient`, with the parts of a layer that appears several times in `model` added up at its first place
-    and zeros at the others: an optimizer then keeps one state per parameter, as PyTorch does."""
+    and `None` at the others: an optimizer then keeps one state per parameter, as PyTorch does, and none for a repeat."""
     leaves, rebuild = flatten(model, where=type(model).__name__, static_ok=True)
     keys = []
     _parameter_keys(model, model, (), keys)
     grads, first = [], {}
     for key, leaf, g in zip(keys, leaves, leaves_like(model, gradient, where)):
         if g is None: g = leaf * 0                                 # None: no gradient, a zero one
-        if key in first: grads[first[key]] = grads[first[key]] + g; g = g * 0
+        if key in first: grads[first[key]] = grads[first[key]] + g; g = None       # a repeat: no state, no step
         else: first[key] = len(grads)
         grads.append(g)
     return rebuild(grads, construct=False)
@@ -218,7 +221,7 @@ class Adam(Optimizer):
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(
                 isinstance(b, numbers.Real) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
             raise ArgumentError(f"Adam: betas must be two numbers in [0, 1), got {betas!r}")
-        self.betas, self.eps = tuple(float(b) for b in betas), _positive('Adam', 'eps', eps, zero_ok=True)
+        self.betas, self.eps = tuple(float(b) for b in betas), _positive('Adam', 'eps', eps)
         self.steps, self.m, self.v = 0, None, None
 
     def update(self, model, along):

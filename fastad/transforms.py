@@ -15,7 +15,7 @@ from .primitives import Primitive, REGISTRY, entry
 from . import engine
 from .engine import Trace, Traced, apply, backward, unbox, full_collections_paused
 from .errors import DifferentiationError, NonScalarOutputError
-from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, items, map_structure, _describe
+from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, map_structure, _describe, _has_traced
 
 # %% ../nbs/03d_transforms.ipynb #a7e1c0d2
 def _differentiated(name, f, args, argnums):
@@ -191,7 +191,7 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
         grads = pb(_seed(value, f))
         return value, (grads if shaped is None else shaped(grads))
 
-def _finished(x):
+def _without_ended_levels(x):
     "`x` without the levels of transforms that have ended (those still running keep theirs)."
     while type(x) is Traced and not x._trace.active: x = x.value
     return x
@@ -208,7 +208,7 @@ def _with_aux(f, args, argnums):
         return out[0]
     value_of.__name__ = _name(f)
     value, grads = value_with_gradient(value_of, *args, argnums=argnums)
-    return (value, map_structure(_finished, aux[0])), grads
+    return (value, map_structure(_without_ended_levels, aux[0])), grads
 
 def gradient(f, *args, argnums=None, has_aux=False):
     """The gradient of scalar function `f` at `args` (a tuple when there are several arguments; only those `argnums` picks).
@@ -289,16 +289,6 @@ def _part_vwc(whole, *, i, n):
     return flatten(whole, static_ok=True)[0][i], lambda g: _Parts([g if j == i else None for j in range(n)])
 
 _part = Primitive('part', _part_vwc, unary=True)
-
-def _cotangent_like(value, g):
-    "The cotangent `g` of a custom function's result, in the result's own structure (zeros for unused outputs)."
-    if type(g) is not _Parts: return g
-    leaves, rebuild = flatten(value, static_ok=True)
-    return rebuild([_zeros_like(unbox(leaf)) if c is None else c for leaf, c in zip(leaves, g.cts)])
-
-def _has_traced(x):
-    "Is `x`, or an item of the structure `x`, a traced value?"
-    return type(x) is Traced or (is_container(x) and any(_has_traced(v) for _, v in items(x)))
 
 def _traces(x):
     "The traces `x` takes part in: those of its traced leaves, at every level under each."

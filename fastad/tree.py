@@ -107,6 +107,10 @@ def stores_its_fields(cls):
     _STORES_FIELDS.add(cls)
     return cls
 
+def _derives_in_post_init(cls):
+    "Does building a `cls` run a `__post_init__` (that may derive values from the fields)? Then moving one runs it again."
+    return cls in _WRITTEN_INIT and hasattr(cls, '__post_init__') and not _fields_of(cls).stores
+
 def _only_stores(cls):
     "Does `cls`'s constructor do nothing but store its fields? Yes if it said so, or if dataclasses wrote it and nothing runs after."
     if cls in _STORES_FIELDS: return True
@@ -153,7 +157,13 @@ class _Fields:
             return new
         new = copy.copy(x)                        # no constructor, or one that does not take the fields: copied, field by field
         for name, v in zip(self.names, values): object.__setattr__(new, name, v)
+        if not construct: self.forget_derived(new)
         return new
+    def forget_derived(self, new):
+        "A copy built without the model's code has no derived values, which would be the model's, stale: see below."
+        for f in dataclasses.fields(self.cls):    # computed by __post_init__ (a setting is marked nondifferentiable)
+            if not f.init and _differentiable(f): object.__setattr__(new, f.name, None)
+        for name in [k for k in getattr(new, '__dict__', {}) if k not in self.declared]: del new.__dict__[name]
     def undeclared(self, x):
         "The attributes of model `x` that hold arrays or models but are not fields: `[(name, value)]`."
         return [(k, v) for k, v in getattr(x, '__dict__', {}).items() if k not in self.declared and _holds_leaves(v)]

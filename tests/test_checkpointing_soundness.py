@@ -154,9 +154,28 @@ def test_two_threads_replaying_the_global_generator_both_get_the_right_gradient(
     for r in results: np.testing.assert_array_equal(r, want)
 
 
-def test_the_docs_say_what_a_replay_does_to_other_threads():
-    doc = fd.make_recomputed_in_gradient.__doc__
-    assert 'thread' in doc and 'global' in doc
+def test_a_thread_drawing_during_a_replay_gets_the_replayed_numbers_and_its_draw_is_undone():
+    "What the docstring of make_recomputed_in_gradient says a replay does to another thread's global draws."
+    replaying, drawn, runs, got = threading.Event(), threading.Event(), [], {}
+    def block(x):
+        runs.append(1)
+        x = x * np.random.rand()
+        if len(runs) == 2:                                   # the recomputation: the other thread draws now
+            replaying.set(); assert drawn.wait(10)
+        return x
+    np.random.seed(0); stream = np.random.rand(2); np.random.seed(0)
+    _, pb = fd.value_with_pullback(lambda x: fd.with_recomputation_in_pullbacks(x, block).sum(), np.ones(2))
+    after_forward = np.random.get_state()
+    def other():
+        if replaying.wait(10): got['draw'] = np.random.rand()
+        drawn.set()
+    thread = threading.Thread(target=other); thread.start()
+    try: np.testing.assert_array_equal(pb(1.0), [stream[0]] * 2)
+    finally: drawn.set(); thread.join(10)
+    assert len(runs) == 2 and got['draw'] == stream[1]      # the replayed stream's next number
+    next_draw = np.random.rand()
+    np.random.set_state(after_forward)
+    assert next_draw == np.random.rand()                     # its draw was undone: the stream goes on from the forward's
 
 
 # --- 24.6: the rules of the forward pass ----------------------------------------------------------------

@@ -8,7 +8,7 @@ from fastad.backend import to_device, to_host, use_backend
 from fastad.errors import FastADError, DifferentiationError
 from fastad.errors import ShapeError
 from fastad.strict import StrictArray
-from fastad.fully_connected import (normalize, load_normalized_mnist, lin, relu, model, mse, GradHolder,
+from fastad.fully_connected import (normalize, load_normalized_mnist, lin, plain_relu, model, column_mse, GradHolder,
                                     mse_grad, relu_grad, lin_grad, forward_and_backward)
 
 NAMES = ('inp', 'w1', 'b1', 'w2', 'b2')
@@ -41,9 +41,9 @@ def test_manual_gradients_match_central_differences(seed, n, m, nh):
     assume(np.abs(lin(inp, w1, b1)).min() > 1e-3)      # finite differences are wrong across relu's kink
     holders = [GradHolder(a.copy()) for a in args]
     loss = forward_and_backward(holders[0], targ, *holders[1:])
-    np.testing.assert_allclose(loss, mse(model(*args), targ), rtol=1e-12)
+    np.testing.assert_allclose(loss, column_mse(model(*args), targ), rtol=1e-12)
     for name, h, a in zip(NAMES, holders, args):
-        expected = central_differences(lambda: mse(model(*args), targ), a)
+        expected = central_differences(lambda: column_mse(model(*args), targ), a)
         np.testing.assert_allclose(h.grad, expected, rtol=1e-5, atol=1e-7, err_msg=name)
         assert h.grad.shape == a.shape and h.grad.dtype == np.float64, name
 
@@ -98,9 +98,9 @@ def test_every_grad_is_replaced_not_accumulated():
      "the last axis of x (2, 3) must match the first axis of w (4, 5)"),
     (lambda: lin(np.ones((2, 3)), np.ones((3, 5)), np.zeros((2, 5))), "lin: b must have shape (5,)"),
     (lambda: lin(np.ones((2, 3)), np.ones(3), np.zeros(1)), "lin: w must be a 2-d (in, out) array"),
-    (lambda: mse(np.ones((3, 1)), np.ones((3, 1))), "mse: targ must have shape (3,)"),
-    (lambda: mse(np.ones(3), np.ones(3)), "mse: out must have shape (n, 1), got (3,)"),
-    (lambda: mse(np.ones((3, 2)), np.ones(3)), "mse: out must have shape (n, 1), got (3, 2)"),
+    (lambda: column_mse(np.ones((3, 1)), np.ones((3, 1))), "column_mse: targ must have shape (3,)"),
+    (lambda: column_mse(np.ones(3), np.ones(3)), "column_mse: out must have shape (n, 1), got (3,)"),
+    (lambda: column_mse(np.ones((3, 2)), np.ones(3)), "column_mse: out must have shape (n, 1), got (3, 2)"),
     (lambda: mse_grad(GradHolder(np.ones((3, 1))), np.ones(4)), "mse_grad: targ must have shape (3,)"),
 ])
 def test_shape_errors(call, message):
@@ -125,12 +125,12 @@ def test_strict_backend_runs_on_device_arrays(strict_backend):
     args, targ = [to_device(a) for a in host], to_device(targ_host)
     assert all(type(a) is StrictArray for a in args)
     z = normalize(args[0], args[0].mean(), args[0].std())
-    h = relu(lin(args[0], args[1], args[2]))
+    h = plain_relu(lin(args[0], args[1], args[2]))
     out = model(*args)
-    loss = mse(out, targ)
+    loss = column_mse(out, targ)
     for v in (z, h, out, loss): assert type(v) is StrictArray
     np.testing.assert_allclose(to_host(out), model(*host), rtol=1e-6)
-    np.testing.assert_allclose(to_host(loss), mse(model(*host), targ_host), rtol=1e-6)
+    np.testing.assert_allclose(to_host(loss), column_mse(model(*host), targ_host), rtol=1e-6)
     holders = [GradHolder(a) for a in args]
     assert all(type(hd.grad) is StrictArray for hd in holders)
     loss2 = forward_and_backward(holders[0], targ, *holders[1:])
