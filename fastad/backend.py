@@ -199,11 +199,11 @@ def numpy_function(path):
     for part in path.split('.'): f = getattr(f, part, None)
     return f
 
-np2 = SimpleNamespace(        # functions new in NumPy 2 that fastad differentiates; None in NumPy 1.26
-    matrix_transpose=numpy_function('matrix_transpose'),                                     # 2.0
+np2 = SimpleNamespace(        # the array API's functions that fastad differentiates; None where this NumPy lacks them
+    matrix_transpose=np.matrix_transpose,                                                    # 2.0
     cumulative_sum=numpy_function('cumulative_sum'), cumulative_prod=numpy_function('cumulative_prod'),  # 2.1
     unstack=numpy_function('unstack'),                                                       # 2.1
-    linalg=SimpleNamespace(**{name: numpy_function(f'linalg.{name}') for name in (           # 2.0
+    linalg=SimpleNamespace(**{name: getattr(np.linalg, name) for name in (                   # 2.0
         'outer', 'matmul', 'tensordot', 'vecdot', 'cross', 'diagonal', 'trace', 'matrix_transpose',
         'vector_norm', 'matrix_norm', 'svdvals')}))
 
@@ -221,5 +221,5 @@ def _crosses_2_vectors():
 NUMPY_CROSSES_2_VECTORS = _crosses_2_vectors()
 
 def solve_takes_vectors(a, b):
-    "Does np.linalg.solve(a, b) read `b` as vectors? NumPy 2: when b is 1-d; NumPy 1.26: when b has one axis less than a."
-    return np.ndim(b) == 1 if np.lib.NumpyVersion(np.__version__) >= '2.0.0' else np.ndim(b) == np.ndim(a) - 1
+    "Does np.linalg.solve(a, b) read `b` as vectors? From NumPy 2.0 on, exactly when b is 1-d."
+    return np.ndim(b) == 1

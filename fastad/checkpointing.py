@@ -145,8 +145,9 @@ def _check_replayed(name, fingerprint, again):
         if diff > tol:                                   # (NaN: nothing to judge by)
             raise DifferentiationError(
                 f"{name}: recomputed in the backward pass, it gave a different value from the forward pass (its "
-                f"sum differs by {diff:.3g}), so its gradient would be wrong. It draws random numbers from a "
-                f"generator the replay does not know: pass it as generators=[rng] (to make_recomputed_in_gradient, "
+                f"sum differs by {diff:.3g}), so its gradient would be wrong. Either an input changed between the "
+                f"forward and the backward pass (an array of yours written in place: pass a copy), or it draws "
+                f"random numbers from a generator the replay does not know: pass it as generators=[rng] (to make_recomputed_in_gradient, "
                 f"with_recomputation_in_pullbacks, discarding_activations or checkpoint_sequential), or draw from "
                 f"fastad's generator (random_normal)")
 
@@ -188,13 +189,21 @@ def make_recomputed_in_gradient(f, generators=()):
         return value, leaf_cotangents
 
     # Chains that keep nothing: the pullback runs once per sweep and hands each cotangent out once.
+    # The recomputation reads the arguments again, constants too (`mul(x, c)`): `kept`, in the closure the engine
+    # looks into (`engine.lock`), says so, and a write into `c` before the backward pass is refused.
     def structured_vwc(*leaves, rebuild, kwargs):
         value, leaf_cotangents = recomputed_vjp(*rebuild(leaves), **kwargs)
-        return value, _split_chain(leaf_cotangents, len(leaves))
+        kept = tuple(l for l in leaves if type(l) is np.ndarray)
+        def cotangents(g):
+            kept                                           # held: read by the recomputation (see above)
+            return leaf_cotangents(g)
+        return value, _split_chain(cotangents, len(leaves))
     def vwc(*args, **kwargs):                              # each argument an array, a number, or a constant
         value, leaf_cotangents = recomputed_vjp(*args, **kwargs)
         is_leaf = [bool(flatten(a, static_ok=True)[0]) for a in args]
+        kept = tuple(a for a in args if type(a) is np.ndarray)
         def per_argument(g):
+            kept                                           # held: read by the recomputation (see above)
             cts = iter(leaf_cotangents(g))
             return [next(cts) if leaf else None for leaf in is_leaf]
         return value, _split_chain(per_argument, len(args))

@@ -203,7 +203,7 @@ def qr_vwc(a, *, mode='reduced'):
 @defvwc(name='pinv', unary=True)
 def pinv_vwc(a, *, rcond=None, **kw):
     "A⁺; its slope holds where the rank does not change (across a change of rank A⁺ jumps)."
-    p = np.linalg.pinv(a, **kw) if rcond is None else np.linalg.pinv(a, rcond, **kw)   # NumPy 1.26 refuses rcond=None
+    p = np.linalg.pinv(a, rcond, **kw)
     def chain(g):
         gt = _T(g)
         return (-_T(p) @ g @ _T(p) + (gt - a @ (p @ gt)) @ (p @ _T(p)) + (_T(p) @ p) @ (gt - (gt @ p) @ a))

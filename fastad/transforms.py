@@ -89,9 +89,10 @@ def _cast_like(c, value):
 
 def value_with_pullback(f, *args, argnums=None):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
-    `args` (a tuple when there are several; only those `argnums` picks). It can be called many times. Arrays the
-    pullback reads stay read-only while it lives: the value's arrays (read-only views), and the user's arrays that
-    its chains keep."""
+    `args` (a tuple when there are several; only those `argnums` picks). It can be called many times. While it
+    lives, the arrays it reads are read-only: the arguments, and the user's arrays that its chains keep (given back
+    writeable when it is dropped and no other pullback reads them). The value's arrays are read-only views of the
+    tape's own, and stay so: copy one (`value.copy()`) to write into it."""
     f, args, shaped = _differentiated('value_with_pullback', f, args, argnums)
     value, pb = _value_with_pullback(f, args)
     return value, (pb if shaped is None else lambda v: shaped(pb(v)))
@@ -120,6 +121,7 @@ def _value_with_pullback(f, args, once=False):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
     trace = Trace()
     trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
+    engine.lock_arguments(trace, primals)             # and the arguments: `np.sin(x)`'s chain reads x
     recorded = False
     with full_collections_paused():                   # see the engine: the collector would walk the growing tape
         try:

@@ -68,8 +68,7 @@ def test_compare_accepts_close_and_refuses_wrong_gradients():
     assert not compare((1.0, [np.ones(4), np.arange(4.0)]), ref, (1e-3, 1e-4))[0]   # a wrong shape
 
 def test_the_optimizer_comparison_trains_each_optimizer_from_the_same_start():
-    sys.path.insert(0, str(ROOT / 'bench'))
-    import optimizers
+    from bench import optimizers     # as a package module: bench/ on sys.path would shadow the stdlib's `profile`
     data = tuple(np.asarray(a) for a in optimizers.load_mnist(verbose=False))
     small = (data[0][:640], data[1][:640], data[2][:200], data[3][:200])
     untrained = optimizers.accuracy(optimizers.fresh(), small[2], small[3])

@@ -1,6 +1,6 @@
-"""fastad on every NumPy it supports (1.26 and every NumPy 2) and every Python (3.10 on): the functions a NumPy lacks
-are simply not registered, and where NumPy stops accepting an input fastad refuses it too. CI runs this suite on
-Python 3.10 with NumPy 1.26 and on the newest Python with the newest NumPy."""
+"""fastad on every NumPy it supports (2.0 on) and every Python (3.10 on): the functions a NumPy lacks are simply not
+registered, and where NumPy stops accepting an input fastad refuses it too. CI runs this suite on Python 3.10 with
+NumPy 2.0 and on the newest Python with the newest NumPy."""
 import numpy as np, pytest
 import fastad as fd
 from fastad.backend import np2, numpy_function, in_this_numpy, NUMPY_CROSSES_2_VECTORS, solve_takes_vectors
@@ -43,7 +43,7 @@ def test_cross_of_2_vectors_follows_this_numpy():
     "NumPy 2.0 deprecated np.cross of 2-vectors and 2.5 refuses it; fastad computes it exactly where NumPy does."
     a, b = np.array([1.0, 2.0]), np.array([3.0, 4.0])
     if NUMPY_CROSSES_2_VECTORS:
-        with pytest.warns() if np.lib.NumpyVersion(np.__version__) >= '2.0.0' else _no_warning():
+        with pytest.warns(DeprecationWarning):
             expected = np.cross(a, b)
         value, g = fd.value_with_gradient(lambda a: np.cross(a, b), a)
         assert value == expected and list(g) == [4.0, -3.0]
@@ -54,9 +54,6 @@ def test_cross_of_2_vectors_follows_this_numpy():
     value, g = fd.value_with_gradient(lambda a: np.sum(np.cross(a, [0.0, 0.0, 1.0])), np.array([1.0, 2.0, 3.0]))
     assert value == 1.0 and list(g) == [-1.0, 1.0, 0.0]                  # 3-vectors on every NumPy
 
-def _no_warning():
-    import contextlib; return contextlib.nullcontext()
-
 @pytest.mark.parametrize('store', ['a[0] = x', 'a[:2] = x', 'a[i] = x', 'a[0:n] = x'])
 def test_storing_a_traced_value_says_in_place_on_every_python(store):
     "Python 3.12 compiles `a[i:j] = x` to STORE_SLICE, not STORE_SUBSCR: both say `in-place`."
@@ -66,14 +63,18 @@ def test_storing_a_traced_value_says_in_place_on_every_python(store):
     err = e.value if isinstance(e.value, DifferentiationError) else e.value.__cause__
     assert isinstance(err, DifferentiationError) and 'in-place' in str(err), repr(e.value)
 
-def test_solve_reads_b_as_this_numpy_does():
-    "NumPy 2 reads b as vectors only when it is 1-d; NumPy 1.26 whenever it has one axis less than a."
+def test_solve_reads_b_as_numpy_2_does():
+    "From NumPy 2.0 on, np.linalg.solve reads b as vectors only when it is 1-d (NumPy 1.26 did whenever b had one axis less)."
     r = np.random.default_rng(0)
     a, b = r.standard_normal((3, 2, 2)) + 3 * np.eye(2), r.standard_normal((3, 2))
-    numpy_2 = np.lib.NumpyVersion(np.__version__) >= '2.0.0'
-    assert solve_takes_vectors(a, b) == (not numpy_2) and solve_takes_vectors(a[0], b[0])
-    if numpy_2:
-        with pytest.raises(ValueError): np.linalg.solve(a, b)              # b is a 3x2 matrix: it does not fit
-    else:
-        assert np.linalg.solve(a, b).shape == (3, 2)                       # three 2-vectors
-        check_pullback(np.linalg.solve, a, b)
+    assert not solve_takes_vectors(a, b) and solve_takes_vectors(a[0], b[0])
+    with pytest.raises(ValueError): np.linalg.solve(a, b)                  # b is a 3x2 matrix: it does not fit
+    check_pullback(np.linalg.solve, a, b[..., None])                       # three 2x1 matrices
+    check_pullback(np.linalg.solve, a[0], b[0])                            # one 2-vector
+
+def test_pyproject_promises_the_numpy_ci_tests():
+    "The oldest NumPy that CI runs (.ci/run) is the floor that pyproject.toml promises."
+    from pathlib import Path
+    root = Path(__file__).parent.parent
+    assert '"numpy>=2.0",' in (root / 'pyproject.toml').read_text()
+    assert "'numpy==2.0.*'" in (root / '.ci' / 'run').read_text()

@@ -153,7 +153,7 @@ PRODUCTS = {
     'einsum trace': (lambda a, b: np.einsum('ii', a) * b, (3, 3), (2,)),
     'einsum ii,jj': (lambda a, b: np.einsum('iji,jj->ij', a, b), (3, 2, 3), (2, 2)),
     'multi_dot': (lambda a, b: np.linalg.multi_dot([a, b, a, b[:, 0]]), (2, 3), (3, 2)),
-    'linalg.vecdot': (np2.linalg.vecdot, (2, 3), (3,)),       # None where NumPy lacks it (1.26)
+    'linalg.vecdot': (np2.linalg.vecdot, (2, 3), (3,)),
 }
 
 @pytest.mark.parametrize('name', PRODUCTS)
@@ -249,7 +249,7 @@ def test_joining_and_splitting(any_backend, name):
 
 @pytest.mark.skipif(numpy_function('row_stack') is None, reason="NumPy 2.5 removed numpy.row_stack")
 def test_row_stack_goes_through_vstack():
-    with pytest.warns(DeprecationWarning) if np.lib.NumpyVersion(np.__version__) >= '2.0.0' else warnings.catch_warnings():
+    with pytest.warns(DeprecationWarning):
         g = fd.gradient(lambda x: np.sum(np.row_stack([x, 2 * x])), np.ones(2))
     np.testing.assert_array_equal(g, [3., 3.])
 

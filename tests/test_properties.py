@@ -105,7 +105,7 @@ class Spec:
 
 SPECS = []
 def spec(name, covers, fn, draw, **kw):
-    if name.startswith('np.') and ' ' not in name and numpy_function(name[3:]) is None: return   # NumPy 1.26 lacks NumPy 2's names
+    if name.startswith('np.') and ' ' not in name and numpy_function(name[3:]) is None: return   # NumPy 2.0 lacks 2.1's names
     SPECS.append(Spec(name, tuple(covers), fn, draw, **kw))
 
 def elementwise(*kinds, empty=True):

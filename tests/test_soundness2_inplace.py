@@ -91,15 +91,16 @@ def test_a_primitive_that_keeps_only_a_mask_leaves_the_array_writeable():
     np.testing.assert_allclose(fd.gradient(f, np.ones(3)), [1., 0., 1.])
     np.testing.assert_array_equal(buf, 5.)
 
-def test_without_derivative_of_an_input_does_not_lock_the_users_array():
+def test_without_derivative_of_an_input_is_read_only_while_recording_only():
     a = np.ones(3)
     seen = []
     def f(x):
-        seen.append(fd.without_derivative(x))
+        c = fd.without_derivative(x)
+        seen.append(c.flags.writeable)                            # the argument, which chains read: locked
         return (x * 2).sum()
     fd.gradient(f, a)
-    assert not seen[0].flags.writeable and a.flags.writeable
-    a[0] = 5.                                                     # still the user's to write
+    assert seen == [False] and a.flags.writeable
+    a[0] = 5.                                                     # the user's to write again
 
 def test_value_with_pullback_value_is_read_only_and_pullback_stays_right():
     x = np.array([0.5, 1.0])
@@ -107,6 +108,8 @@ def test_value_with_pullback_value_is_read_only_and_pullback_stays_right():
     with pytest.raises(ValueError, match="read-only"):
         value *= 2                                                # before: the pullback then gave 2 exp(x)
     np.testing.assert_allclose(pb(np.ones(2)), np.exp(x))
+    assert not x.flags.writeable                                  # the argument: exp's chain reads it
+    del pb; gc.collect()
     assert x.flags.writeable
 
 def test_pullback_keeps_a_users_array_locked_while_it_lives():
@@ -280,3 +283,159 @@ def test_a_view_that_died_long_ago_does_not_confuse_a_fresh_array():
             total = total + w.sum()
         return total
     np.testing.assert_allclose(fd.gradient(f, np.array([1., 2.])), [20 * 2 + 20 * 3, 20 * 3])
+
+
+# ---- review of 3 and 4: arguments, shared locks, index arrays, recomputation, aliased arguments ----
+
+def test_an_argument_written_after_value_with_pullback_is_refused():
+    x = np.array([1., 2.])
+    _, pb = fd.value_with_pullback(lambda x: np.sin(x).sum(), x)
+    with pytest.raises(ValueError, match="read-only"):
+        x[:] = 0                                                  # before: allowed, and pb(1.0) gave [1, 1]
+    np.testing.assert_allclose(pb(1.0), np.cos([1., 2.]))
+    del pb; gc.collect()
+    assert x.flags.writeable
+
+def test_an_argument_written_through_another_name_is_refused():
+    x0 = np.array([1., 2.])
+    def f(x):
+        y = np.sin(x)
+        x0[:] = 0                                                 # the user's own buffer, which x wraps
+        return y.sum()
+    with pytest.raises(DifferentiationError, match="argument being differentiated"):
+        fd.gradient(f, x0)                                        # before: [1, 1]
+    assert x0.flags.writeable and list(x0) == [1., 2.]
+
+def test_two_pullbacks_over_one_constant_share_its_lock():
+    c = np.array([3., 4.])
+    _, pb1 = fd.value_with_pullback(lambda x: (x * c).sum(), np.ones(2))
+    _, pb2 = fd.value_with_pullback(lambda x: (x * c).sum(), np.ones(2))
+    del pb1; gc.collect()
+    assert not c.flags.writeable                                  # before: writeable, and pb2 gave [0, 0] after c[:] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        c[:] = 0
+    np.testing.assert_allclose(pb2(1.0), [3., 4.])
+    del pb2; gc.collect()
+    assert c.flags.writeable
+
+def test_a_view_and_its_owner_held_by_two_pullbacks():
+    big = np.arange(6.)
+    _, pb_view = fd.value_with_pullback(lambda x: (x * big[:3]).sum(), np.ones(3))
+    _, pb_owner = fd.value_with_pullback(lambda x: (x * big).sum(), np.ones(6))
+    del pb_view; gc.collect()
+    assert not big.flags.writeable                                # before: released with the view's pullback
+    np.testing.assert_allclose(pb_owner(1.0), np.arange(6.))
+    del pb_owner; gc.collect()
+    assert big.flags.writeable
+
+def test_a_users_read_only_choice_outlives_two_pullbacks():
+    c = np.array([3., 4.]); c.flags.writeable = False
+    pbs = [fd.pullback(lambda x: (x * c).sum(), np.ones(2)) for _ in range(2)]
+    del pbs; gc.collect()
+    assert not c.flags.writeable
+
+def test_locks_counted_across_threads():
+    c = np.array([3., 4.])
+    errors = []
+    def work():
+        try:
+            for _ in range(200):
+                _, pb = fd.value_with_pullback(lambda x: (x * c).sum(), np.ones(2))
+                assert not c.flags.writeable
+                np.testing.assert_allclose(pb(1.0), [3., 4.])
+                del pb
+        except Exception as e: errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    gc.collect()
+    assert not errors and c.flags.writeable
+
+def test_a_write_in_another_threads_transform_names_the_live_pullback():
+    c = np.array([3., 4.])
+    _, pb = fd.value_with_pullback(lambda x: (x * c).sum(), np.ones(2))
+    def g(x):
+        c[0] = 1.                                                 # c is read by pb, still alive
+        return (x * 2).sum()
+    with pytest.raises(DifferentiationError, match="pullback that is still alive"):
+        fd.gradient(g, np.ones(2))
+    np.testing.assert_allclose(pb(1.0), [3., 4.])
+
+INDEXED = {'getitem': lambda x, i: x[i], 'take': lambda x, i: np.take(x, i),
+           'take_along_axis': lambda x, i: np.take_along_axis(x, i, 0)}
+
+@pytest.mark.parametrize("how", INDEXED)
+def test_an_index_array_written_after_use_is_refused(how):
+    idx = np.array([0, 0, 1])
+    def f(x):
+        y = INDEXED[how](x, idx)                                  # the pullback scatters by idx
+        idx[:] = 2                                                # refilled for the next batch
+        return (y * np.array([1., 2., 3.])).sum()
+    with pytest.raises(DifferentiationError, match="backward pass reads was written"):
+        fd.gradient(f, np.ones(3))                                # before (getitem): [0, 0, 6], silently
+    assert idx.flags.writeable and list(idx) == [0, 0, 1]
+    np.testing.assert_allclose(fd.gradient(lambda x: (INDEXED[how](x, idx) * np.array([1., 2., 3.])).sum(),
+                                           np.ones(3)), [3., 3., 0.])
+
+def test_a_mask_written_after_use_is_refused():
+    mask = np.array([True, False, True])
+    def f(x):
+        y = x[mask]; mask[:] = True; return y.sum()
+    with pytest.raises(DifferentiationError, match="getitem"):
+        fd.gradient(f, np.ones(3))                                # before: NumPy's ValueError in the backward pass
+    assert mask.flags.writeable
+
+def test_a_constant_of_a_recomputed_function_is_locked():
+    mul = fd.make_recomputed_in_gradient(lambda x, c: x * c)
+    c = np.array([1., 2.])
+    def f(x):
+        y = mul(x, c)
+        c[:] = c[::-1].copy()                                     # same sum: the replay's fingerprint cannot see it
+        return (y * np.array([1., 10.])).sum()
+    with pytest.raises(DifferentiationError, match="passed to <lambda>"):
+        fd.gradient(f, np.ones(2))                                # before: [2, 10], silently
+    assert c.flags.writeable
+    layer = fd.Dense(weight=np.array([[1., 2.], [3., 4.]]), bias=np.zeros(2))
+    discarding = layer.discarding_activations()
+    def g(x):
+        y = discarding(x)                                         # a constant layer: its weight is read again
+        layer.weight[0, 0] = 5.
+        return y.sum()
+    with pytest.raises(DifferentiationError, match="backward pass reads was written"):
+        fd.gradient(g, np.ones((1, 2)))
+    assert layer.weight.flags.writeable
+
+def test_a_changed_input_of_a_recomputation_is_named():
+    c = np.array([1., 2.])
+    body = fd.make_recomputed_in_gradient(lambda x: x * c)       # c through a closure: not an argument
+    def f(x):
+        y = body(x); c[:] = 5.; return y.sum()
+    with pytest.raises(DifferentiationError, match="an input changed"):
+        fd.gradient(f, np.ones(2))                                # before: blamed random generators alone
+
+def test_in_place_on_an_argument_passed_twice_is_refused():
+    def f(x, y):
+        x += 1.0
+        return (x * y).sum()
+    a = np.array([1., 2.])
+    with pytest.raises(DifferentiationError, match="another argument passed the same array"):
+        fd.value_with_gradient(f, a, a)                           # before: 8.0; NumPy: 13.0
+    b = np.array([1., 2.])
+    value, (gx, gy) = fd.value_with_gradient(f, b, b.copy())      # not shared: as NumPy
+    assert value == 8.0 and list(gx) == [1., 2.] and list(gy) == [2., 3.]
+    assert a.flags.writeable and list(a) == [1., 2.]
+
+def test_in_place_on_an_argument_then_read_through_a_constant_is_refused():
+    a0 = np.array([1., 2.])
+    def h(x):
+        x += 1.0                                                  # NumPy writes a0 itself
+        return (x * a0).sum()
+    with pytest.raises(DifferentiationError, match="shares memory with an argument"):
+        fd.value_with_gradient(h, a0)                             # before: 8.0; NumPy: 13.0
+    assert a0.flags.writeable
+    np.testing.assert_allclose(fd.value_with_gradient(h, a0.copy())[0], 8.0)   # another array: allowed
+    def view_of_it(x):
+        x += 1.0
+        return (x * a0[::-1]).sum()
+    with pytest.raises(DifferentiationError, match="shares memory with an argument"):
+        fd.gradient(view_of_it, a0)
