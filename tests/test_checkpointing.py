@@ -279,7 +279,9 @@ def test_a_budget_plan_fits_when_measured_and_beats_or_equals_even_segments():
         assert peak - grads <= budget, (k, peak - grads, budget)
         assert estimate(costs, model.plan.segments)[1] <= even_recomputed
     everything = estimate(costs, [(0, 16, False)])[0]
-    assert fd.checkpoint_sequential(layers, budget=int(everything)).plan.segments_for(layers, x) == [(0, 16, False)]
+    # the model measures its layers again when it plans; a few per cent of room keeps a run whose second
+    # measurement came out a little larger (a busy machine's allocator) from recomputing one layer
+    assert fd.checkpoint_sequential(layers, budget=int(everything * 1.05)).plan.segments_for(layers, x) == [(0, 16, False)]
 
 
 def test_the_estimate_bounds_the_measured_peak():
