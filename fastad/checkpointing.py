@@ -13,7 +13,7 @@ import numpy as np
 from . import backend, engine, transforms
 from .errors import ArgumentError, DifferentiationError
 from .primitives import Primitive
-from .transforms import (value_with_pullback, differentiable_function, _door, _split_chain,
+from .transforms import (value_with_pullback, differentiable_function, _door, _one_or_all,
                                _refuse_foreign_traces, rules_in_force, rules_restored)
 from .tree import flatten, is_container
 
@@ -188,7 +188,7 @@ def make_recomputed_in_gradient(f, generators=()):
             return cts
         return value, leaf_cotangents
 
-    # Chains that keep nothing: the pullback runs once per sweep and hands each cotangent out once.
+    # One pullback for all the inputs (the rule form of every primitive), run once per backward pass.
     # The recomputation reads the arguments again, constants too (`mul(x, c)`): `kept`, in the closure the engine
     # looks into (`engine.lock`), says so, and a write into `c` before the backward pass is refused.
     def structured_vwc(*leaves, rebuild, kwargs):
@@ -197,7 +197,7 @@ def make_recomputed_in_gradient(f, generators=()):
         def cotangents(g):
             kept                                           # held: read by the recomputation (see above)
             return leaf_cotangents(g)
-        return value, _split_chain(cotangents, len(leaves))
+        return value, lambda g: _one_or_all(cotangents(g))
     def vwc(*args, **kwargs):                              # each argument an array, a number, or a constant
         value, leaf_cotangents = recomputed_vjp(*args, **kwargs)
         is_leaf = [bool(flatten(a, static_ok=True)[0]) for a in args]
@@ -206,7 +206,7 @@ def make_recomputed_in_gradient(f, generators=()):
             kept                                           # held: read by the recomputation (see above)
             cts = iter(leaf_cotangents(g))
             return [next(cts) if leaf else None for leaf in is_leaf]
-        return value, _split_chain(per_argument, len(args))
+        return value, lambda g: _one_or_all(per_argument(g))
 
     fn = differentiable_function(recomputed_vjp, name=name, forward=f)   # its calling conventions; plain calls run f
     fn.vwc, fn.structured = vwc, Primitive(name, structured_vwc)

@@ -9,7 +9,7 @@ __all__ = ['TapeEntry', 'Tape', 'tape_of', 'draw']
 import functools, inspect
 import numpy as np
 from .backend import is_array, to_host
-from .engine import Trace, Traced, unbox
+from .engine import Trace, Traced, Outputs, unbox, _zeros
 from .tree import flatten, is_leaf, is_container, _labelled
 from .errors import DifferentiationError, MissingExtraError
 
@@ -75,14 +75,27 @@ def _shape_sweep(tape, seeds):
     cts, shapes = dict(seeds), {}
     with np.errstate(all='ignore'):
         for i in range(max(seeds, default=-1), -1, -1):
-            if i not in cts: continue
-            g = cts.pop(i)
-            shapes[i] = tuple(np.shape(g))
-            if tape[i] is None: continue
-            for j, chain in tape[i][1]:
+            entry = tape[i]
+            if type(entry) is Outputs:                # a rule's several outputs: their cotangents together
+                got = [cts.pop(k, None) for k in range(i, i + len(entry.specs))]
+                if all(c is None for c in got): continue
+                shapes.update((i + k, tuple(np.shape(c))) for k, c in enumerate(got) if c is not None)
+                g = tuple(_zeros(s) if c is None else c for c, s in zip(got, entry.specs))
+            elif type(entry) is int or i not in cts: continue   # a later output: its entry, further down, takes it
+            else:
+                g = cts.pop(i)
+                shapes[i] = tuple(np.shape(g))
+                if entry is None: continue
+            for j, chain in entry[1]:
                 c = chain(g)
-                if c is not None: cts[j] = c if j not in cts else cts[j] + c
+                if c is None: continue
+                for k, ck in ([(j, c)] if type(j) is int else zip(j, c)):    # a tuple: one pullback for all inputs
+                    if k is not None and ck is not None: cts[k] = ck if k not in cts else cts[k] + ck
     return shapes
+
+def _places(parents):
+    "The places of an entry's parents: a tuple of places is one pullback for several inputs (None: a constant)."
+    return [k for j, _ in parents for k in ((j,) if type(j) is int else j) if k is not None]
 
 def tape_of(f, *args):
     """Record `f(*args)` as fastad's transforms do and return its tape: a numbered program of inputs and primitives,
@@ -101,12 +114,16 @@ def tape_of(f, *args):
         if entry is None:
             entries.append(TapeEntry(i, 'input', [], tuple(np.shape(primals[i])), [], next(labels)))
             continue
+        if type(entry) is int:                        # another output of the entry at that place: the same op
+            op, parents = trace.tape[entry]
+            entries.append(TapeEntry(i, op, _places(parents), shapes.get(i), []))
+            continue
         op, parents = entry
         arrays = []
         _arrays_in([chain for _, chain in parents], arrays, set())
         saved_bytes += sum(a.nbytes for a in arrays if np.ndim(a) and id(a) not in seen and id(a) not in inputs)
         seen.update(id(a) for a in arrays)
-        entries.append(TapeEntry(i, op, [j for j, _ in parents], shapes.get(i),
+        entries.append(TapeEntry(i, op, _places(parents), shapes.get(i),
                                  [(tuple(np.shape(a)), inputs.get(id(a))) for a in arrays]))
     return Tape(name, entries, [o.idx for o in outs], saved_bytes)
 

@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['EighResult', 'SVDResult', 'QRResult', 'SlogdetResult', 'inv_vwc', 'solve_vwc', 'det_vwc', 'slogdet_vwc',
-           'cholesky_vwc', 'eigh_vwc', 'eigvalsh_vwc', 'svd_vwc', 'svdvals_vwc', 'qr_vwc', 'pinv_vwc', 'packed']
+           'cholesky_vwc', 'eigh_vwc', 'eigvalsh_vwc', 'svd_vwc', 'svdvals_vwc', 'qr_vwc', 'pinv_vwc']
 
 # %% ../nbs/03a2_linear_algebra.ipynb #la7d8cb3
-import math, operator
+import operator
 import numpy as np
 from .errors import DifferentiationError, ArgumentError, ShapeError
 from .primitives import Primitive, defvwc, unbroadcast, NONDIFFERENTIABLE
@@ -210,24 +210,10 @@ def pinv_vwc(a, *, rcond=None, **kw):
     return p, chain
 
 # %% ../nbs/03a2_linear_algebra.ipynb #laa81417
-def _pack(outs): return np.concatenate([np.ravel(o) for o in outs])
-
-def _unpack(packed, shapes):
-    "The arrays of `shapes` back out of `_pack`'s result: slices, each differentiable."
-    ends = np.cumsum([0] + [math.prod(s) for s in shapes]).tolist()
-    return tuple(np.reshape(packed[i:j], s) for i, j, s in zip(ends[:-1], ends[1:], shapes))
-
-def packed(name, vwc):
-    """A VWC with several outputs as one primitive: its value is the outputs raveled and joined into one array
-    (the engine records arrays), and its chain splits the cotangent back into one per output."""
-    def packed_vwc(a, **kwargs):
-        outs, chain = vwc(a, **kwargs)
-        shapes = [np.shape(o) for o in outs]
-        return _pack(outs), lambda g: chain(_unpack(g, shapes))
-    return Primitive(name, packed_vwc, unary=True)
-
-_slogdet, _eigh, _svd, _qr, _cholesky = (packed('slogdet', slogdet_vwc), packed('eigh', eigh_vwc), packed('svd', svd_vwc),
-                                         packed('qr', qr_vwc), Primitive('cholesky', cholesky_vwc, unary=True))
+# a tuple of results, a chain that takes a tuple of cotangents: one tape entry holds them all (`engine.record`)
+_slogdet, _eigh, _svd, _qr = (Primitive(name, vwc) for name, vwc in
+                              (('slogdet', slogdet_vwc), ('eigh', eigh_vwc), ('svd', svd_vwc), ('qr', qr_vwc)))
+_cholesky = Primitive('cholesky', cholesky_vwc, unary=True)
 
 def _square(name, a):
     *batch, m, n = np.shape(a)
@@ -239,28 +225,23 @@ def _uplo(name, UPLO):
     return UPLO
 
 def _linalg_slogdet(a):
-    batch, _ = _square('numpy.linalg.slogdet', a)
-    return SlogdetResult(*_unpack(_slogdet(a), [batch, batch]))
+    _square('numpy.linalg.slogdet', a)
+    return SlogdetResult(*_slogdet(a))
 
 def _linalg_eigh(a, UPLO='L'):
-    batch, n = _square('numpy.linalg.eigh', a)
-    return EighResult(*_unpack(_eigh(a, UPLO=_uplo('numpy.linalg.eigh', UPLO)), [(*batch, n), (*batch, n, n)]))
+    _square('numpy.linalg.eigh', a)
+    return EighResult(*_eigh(a, UPLO=_uplo('numpy.linalg.eigh', UPLO)))
 
 def _linalg_svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     if not compute_uv: return svdvals_vwc.primitive(a, hermitian=hermitian)
-    *batch, m, n = np.shape(a)
-    k = min(m, n)
-    ku, kv = (m, n) if full_matrices else (k, k)
-    shapes = [(*batch, m, ku), (*batch, k), (*batch, kv, n)]
-    return SVDResult(*_unpack(_svd(a, full_matrices=full_matrices, hermitian=hermitian), shapes))
+    return SVDResult(*_svd(a, full_matrices=full_matrices, hermitian=hermitian))
 
 def _linalg_qr(a, mode='reduced'):
     *batch, m, n = np.shape(a)
     if mode not in ('reduced', 'r') and not (mode == 'complete' and m <= n):
         raise DifferentiationError(f"numpy.linalg.qr: mode={mode!r} cannot be differentiated; use 'reduced' or 'r' "
                                    f"('complete' adds columns to Q that any basis of the rest of the space would do)")
-    k = min(m, n)
-    q, r = _unpack(_qr(a), [(*batch, m, k), (*batch, k, n)])
+    q, r = _qr(a)
     return r if mode == 'r' else QRResult(q, r)
 
 def _linalg_pinv(a, rcond=None, hermitian=False, **kw):

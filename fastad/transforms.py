@@ -250,48 +250,6 @@ def _arg_cotangents(name, args, cts):
         per_arg.append(leaves)
     return per_arg
 
-def _split_chain(pullback, n):
-    """Per-input chains from a pullback returning all `n` cotangents. A backward sweep calls the chains of one
-    step one after another with the same cotangent, so the pullback runs once per sweep: each chain takes its
-    share of the last result away (nothing handed out stays held), and a chain asking again (the next sweep)
-    runs the pullback anew. The memo is the thread's own: sweeps of one pullback may run in several threads.
-    Only the cotangents of inputs whose chains are on the tape are kept (`_mark_wanted`): a constant's chain never
-    runs, so its cotangent would stay in the memo after the sweep."""
-    memo = threading.local()                            # .g, and .pending: {input: its cotangent, not yet handed out}
-    wanted = [None]                                     # the inputs whose chains are on the tape; None: all of them
-    def chain(i):
-        def chain_i(g):
-            pending = getattr(memo, 'pending', None)
-            if not pending or memo.g is not g or i not in pending:
-                keep = wanted[0]
-                pending = {j: c for j, c in enumerate(pullback(g)) if keep is None or j in keep or j == i}
-                memo.g, memo.pending = g, pending
-            ct = pending.pop(i)
-            if not pending: memo.g = memo.pending = None  # all handed out: hold nothing until the next sweep
-            return ct
-        chain_i.wanted, chain_i.input = wanted, i
-        return chain_i
-    return tuple(chain(i) for i in range(n))
-
-def _mark_wanted(result):
-    "Tell the split chains of the custom function that made traced `result` which of them its tape entry will run."
-    parents = result._trace.tape[result.idx][1]
-    chains = [c for _, c in parents if hasattr(c, 'wanted')]
-    if chains: chains[0].wanted[0] = frozenset(c.input for c in chains)
-
-class _Parts:
-    "Cotangents of some of a custom function's outputs (None for the others); they add up output by output."
-    __slots__ = ('cts',)
-    def __init__(self, cts): self.cts = cts
-    def __add__(self, other):
-        return _Parts([b if a is None else a if b is None else a + b for a, b in zip(self.cts, other.cts)])
-
-def _part_vwc(whole, *, i, n):
-    "Output `i` of the `n` outputs (leaves) of a custom function's result."
-    return flatten(whole, static_ok=True)[0][i], lambda g: _Parts([g if j == i else None for j in range(n)])
-
-_part = Primitive('part', _part_vwc, unary=True)
-
 def _traces(x):
     "The traces `x` takes part in: those of its traced leaves, at every level under each."
     found = set()
@@ -332,7 +290,8 @@ def _at_the_door(c, spec):
 
 def _door(value):
     """`door(g)`: the cotangent `g` of a custom function's result `value` as its pullback receives it (`_at_the_door`
-    per output, zeros for unused outputs). It keeps `value`'s shapes and dtypes, not its arrays."""
+    per output). For a structured result the engine gives a tuple, a cotangent per output (zeros for unused ones,
+    see `engine.record`), rebuilt here into the result's structure. It keeps `value`'s shapes and dtypes, not its arrays."""
     if not is_container(value):
         spec = _leaf_spec(value)
         return lambda g: _at_the_door(g, spec)
@@ -340,9 +299,8 @@ def _door(value):
     specs = [_leaf_spec(leaf) for leaf in leaves]
     del leaves
     def door(g):
-        cts = g.cts if type(g) is _Parts else flatten(g, static_ok=True)[0]
         return rebuild([module.zeros(shape, dtype or float) if c is None else _at_the_door(c, (shape, dtype, module))
-                        for c, (shape, dtype, module) in zip(cts, specs)])
+                        for c, (shape, dtype, module) in zip(g, specs)])
     return door
 
 def _pullback_of(name, pb):
@@ -364,20 +322,16 @@ def _pullback_of(name, pb):
 
 class CustomFunction(Primitive):
     """A function with a derivative of your own (from `differentiable_function`). Array arguments take the
-    engine's fast path; structured ones (a model and its input, say) are flattened to their leaves, and a
-    structured result (a tuple, say) is split into one traced value per output."""
+    engine's fast path; structured ones (a model and its input, say) are flattened to their leaves; a structured
+    result (a tuple, say) becomes one traced value per output, all held by one tape entry (`engine.record`)."""
     def __call__(self, *args, **kwargs):
         if kwargs or (self.arity is not None and len(args) != self.arity): args, kwargs = self._positional(args, kwargs)
         if any(is_container(a) for a in args):
             leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
             if not any(type(l) is Traced for l in leaves): return self._plain(args, kwargs)
-            result = apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
-        elif not any(type(a) is Traced for a in args): return self._plain(args, kwargs)
-        else: result = apply(self, args, kwargs)
-        _mark_wanted(result)
-        if not is_container(result.value): return result
-        outputs, rebuild_outputs = flatten(result.value, where=f"the result of {self.name}", static_ok=True)
-        return rebuild_outputs([apply(_part, (result,), dict(i=i, n=len(outputs))) for i in range(len(outputs))])
+            return apply(self.structured, leaves, dict(rebuild=rebuild, kwargs=kwargs))
+        if not any(type(a) is Traced for a in args): return self._plain(args, kwargs)
+        return apply(self, args, kwargs)
 
     def _plain(self, args, kwargs):
         "The value, outside every transform (or called with constants inside one)."
@@ -395,6 +349,10 @@ class CustomFunction(Primitive):
         if any(_has_traced(v) for v in bound.kwargs.values()):
             raise DifferentiationError(f"{self.name}: a keyword-only argument cannot be differentiated; pass it by position")
         return bound.args, bound.kwargs
+
+def _one_or_all(cts):
+    "A rule's cotangents as the engine takes them from one pullback: the one for a single input, else all of them."
+    return cts[0] if len(cts) == 1 else cts
 
 def _signature(vjp):
     "The VJP's signature and how many positional parameters it has (None if it takes *args or has no signature)."
@@ -424,17 +382,19 @@ def differentiable_function(vjp, name=None, forward=None):
         _refuse_foreign_traces(name, value, args)
         if _has_traced(args): value = fn(*args, **kwargs)
         return value, _pullback_of(name, pb)
+    # The rule form of every primitive: the value, and one pullback for all the inputs (a tuple of their cotangents,
+    # just the one for one input), which the engine runs once per backward pass (`engine.record`).
     def vwc(*xs, **kwargs):
         value, pb = value_and_pullback(xs, kwargs)
         door = _door(value)                       # the pullback keeps the result's shape, not its arrays
-        def cotangents(g): return [leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(door(g)))]
-        return value, _split_chain(cotangents, len(xs))
+        def pullback(g): return _one_or_all([leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(door(g)))])
+        return value, pullback
     def structured_vwc(*leaves, rebuild, kwargs):
         args = rebuild(leaves)
         value, pb = value_and_pullback(args, kwargs)
         door = _door(value)
-        def cotangents(g): return [c for per_arg in _arg_cotangents(name, args, pb(door(g))) for c in per_arg]
-        return value, _split_chain(cotangents, len(leaves))
+        def pullback(g): return _one_or_all([c for per_arg in _arg_cotangents(name, args, pb(door(g))) for c in per_arg])
+        return value, pullback
     vwc.__doc__ = vjp.__doc__
     fn = CustomFunction(name, vwc, forward=forward)
     fn.structured, fn.vjp = Primitive(name, structured_vwc), vjp
