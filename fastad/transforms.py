@@ -11,7 +11,7 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
 import functools, inspect, sys, threading, types, warnings, weakref
 import numpy as np
 from .backend import array_module, is_array, to_host
-from .primitives import Primitive, REGISTRY, entry
+from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES
 from . import engine
 from .engine import Trace, Traced, apply, backward, unbox, full_collections_paused
 from .errors import DifferentiationError, NonScalarOutputError
@@ -436,6 +436,25 @@ class _Redirection:
         else: self.restore()
         self.stack = rest
         if not rest: _REDIRECTIONS.pop(id(self.of), None)
+    def in_force(self):
+        "The function in force for `of` outside any replay: the last registration's, or None."
+        current = _REDIRECTIONS.get(id(self.of))
+        return current.stack[-1].function if current is not None else None
+    def settle(self):
+        "Put back what is in force outside any replay (after `contest`)."
+        current = _REDIRECTIONS.get(id(self.of))
+        if current is not None: current.install(current.stack[-1].function)
+        else: self.restore()
+
+def _per_context(key, elsewhere, plain):
+    """A function that calls, on each call, the rule of `key` in force in the calling context (`CONTEXT_RULES`, set by
+    a replay): `plain` where that is no rule, `elsewhere` in a context that has none of its own."""
+    def rule_here(*args, **kwargs):
+        here = CONTEXT_RULES.get()
+        rules = elsewhere if here is None else here.get(key, elsewhere)
+        fn = plain if rules is None else rules if rules is elsewhere else rules[1][-1].function
+        return fn(*args, **kwargs)
+    return rule_here
 
 class _RegistryRedirection(_Redirection):
     """A NumPy ufunc or function (found through NumPy's dispatch): the rule in force is its row's `custom` rule (the
@@ -445,6 +464,8 @@ class _RegistryRedirection(_Redirection):
         self.row = entry(of)
     def install(self, fn): self.row.set_custom(fn)
     def restore(self): self.row.set_custom(None)
+    def contest(self): self.row.contest(True)          # the row looks the calling context's rule up (`CONTEXT_RULES`)
+    def settle(self): self.row.contest(False)
 
 @functools.lru_cache(maxsize=None)
 def _trampoline(n_free):
@@ -491,6 +512,9 @@ class _PythonFunctionRedirection(_Redirection):
         f.__code__, f.__kwdefaults__, signature = self.saved
         if signature is None: f.__dict__.pop('__signature__', None)
         else: f.__signature__ = signature
+    def contest(self):
+        "The trampoline, into the calling context's rule (the function itself where that is none)."
+        self.install(_per_context(id(self.of), self.in_force() or self.original, self.original))
 
 class _NameRedirection(_Redirection):
     """Any other callable (a C function through `ctypes`, say) cannot be changed: the global names that refer
@@ -506,6 +530,7 @@ class _NameRedirection(_Redirection):
         self.current = of
     def install(self, fn): self._point(fn)
     def restore(self): self._point(self.of)
+    def contest(self): self._point(_per_context(id(self.of), self.in_force() or self.of, self.of))
     def _point(self, target):
         for ns, k in self.slots:
             if ns.get(k) is self.current: ns[k] = target        # a name rebound since then is the user's: left alone
@@ -565,41 +590,61 @@ def registered_derivative(of):
 
 # %% ../nbs/03d_transforms.ipynb #rg000005
 def rules_in_force():
-    "A snapshot of the derivatives registered now (`derivative`), for `rules_restored`: {id(of): (redirection, registrations)}."
-    if not _REDIRECTIONS: return {}          # the usual case, read without the lock
-    with _LOCK: return {k: (r, tuple(r.stack)) for k, r in _REDIRECTIONS.items()}
+    """A snapshot of the derivatives in force in this context (`derivative`, and any a replay here put back), for
+    `rules_restored`: {id(of): (redirection, registrations)}."""
+    here = CONTEXT_RULES.get()
+    if not _REDIRECTIONS and not here: return {}          # the usual case, read without the lock
+    with _LOCK: now = {k: (r, tuple(r.stack)) for k, r in _REDIRECTIONS.items()}
+    for k, rules in (here or {}).items():
+        if rules is None: now.pop(k, None)
+        else: now[k] = rules
+    return now
 
-def _top(entry): return entry[1][-1] if entry else None
+def _top(rules): return rules[1][-1] if rules else None
 
-def _switch(key, old, new):
-    "Put the registrations of snapshot entry `new` in force (none: the function as it is) in place of those of `old`."
-    if old is not None: old[0].restore()
-    if new is None: _REDIRECTIONS.pop(key, None)
-    else:
-        r, stack = new
-        r.stack = list(stack)
-        r.install(stack[-1].function)
-        _REDIRECTIONS[key] = r
+_CONTESTED = {}      # id(of) -> [its redirection, how many replays need their own rule for it], with `_LOCK` held
+
+def _contest(key, redirection):
+    "From now on, calls of `key`'s function look up the rule of their own context (see `CONTEXT_RULES`)."
+    c = _CONTESTED.get(key)
+    if c is not None: c[1] += 1; return
+    redirection.contest()
+    _CONTESTED[key] = [redirection, 1]
+
+def _settle(key):
+    "One replay fewer needs `key`'s rule of its own; after the last, the rule in force is everybody's again."
+    c = _CONTESTED.get(key)
+    if c is None: return
+    if c[1] == 1: c[0].settle()                           # restore first...
+    c[1] -= 1
+    if not c[1]: del _CONTESTED[key]                      # ...then forget
 
 class rules_restored:
-    """Context manager: the derivatives of `snapshot` (from `rules_in_force`) are in force inside, those in force now
-    again afterwards. Where they differ, the registry stays locked meanwhile, taken after the lock `first` (one order)."""
-    def __init__(self, snapshot, first=None): self.snapshot, self.first, self.changes = snapshot, first, None
+    """Context manager: the derivatives of `snapshot` (from `rules_in_force`) are in force inside, in this context (this
+    thread, or asyncio task) only: other threads keep using the rules in force. Where they differ from this context's,
+    the registry stays locked meanwhile (no registration changes), taken after the lock `first` (one order)."""
+    def __init__(self, snapshot, first=None): self.snapshot, self.first, self.changes, self.token = snapshot, first, None, None
     def __enter__(self):
-        if not self.snapshot and not _REDIRECTIONS: return
+        if not self.snapshot and not _REDIRECTIONS and not CONTEXT_RULES.get(): return
         if self.first is not None: self.first.acquire()
         _LOCK.acquire()
-        now = rules_in_force()
-        self.changes = [(k, now.get(k), self.snapshot.get(k)) for k in {*now, *self.snapshot}
-                        if _top(now.get(k)) is not _top(self.snapshot.get(k))]
-        if not self.changes: return self.__exit__()
-        for k, old, new in self.changes: _switch(k, old, new)
+        self.changes = {}
+        try:
+            now = rules_in_force()
+            changes = {k: self.snapshot.get(k) for k in {*now, *self.snapshot} if _top(now.get(k)) is not _top(self.snapshot.get(k))}
+            if not changes: return self.__exit__()
+            self.token = CONTEXT_RULES.set({**(CONTEXT_RULES.get() or {}), **changes})    # this context's rules...
+            for k in changes:
+                _contest(k, (now.get(k) or changes[k])[0])                                # ...which it alone looks up
+                self.changes[k] = changes[k]
+        except BaseException: self.__exit__(); raise
     def __exit__(self, *exc):
         if self.changes is None: return
         try:
-            for k, old, new in self.changes: _switch(k, new, old)
+            for k in self.changes: _settle(k)
+            if self.token is not None: CONTEXT_RULES.reset(self.token)
         finally:
-            self.changes = None
+            self.changes = self.token = None
             _LOCK.release()
             if self.first is not None: self.first.release()
 
