@@ -8,13 +8,14 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
            'rules_restored', 'without_derivative', 'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
-import functools, inspect, sys, threading, types, warnings, weakref
+import inspect, sys, threading, types, warnings, weakref
 import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES
 from . import engine
 from .engine import Trace, Traced, apply, backward, unbox, full_collections_paused
 from .errors import DifferentiationError, NonScalarOutputError
+from .trampoline import _trampoline, _labelled_like
 from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, map_structure, _describe, _has_traced
 
 # %% ../nbs/03d_transforms.ipynb #a7e1c0d2
@@ -466,30 +467,6 @@ class _RegistryRedirection(_Redirection):
     def restore(self): self.row.set_custom(None)
     def contest(self): self.row.contest(True)          # the row looks the calling context's rule up (`CONTEXT_RULES`)
     def settle(self): self.row.contest(False)
-
-@functools.lru_cache(maxsize=None)
-def _trampoline(n_free):
-    """The code of `def f(*args, _fastad_rule, **kwargs): return _fastad_rule(*args, **kwargs)`, on one line, with
-    `n_free` unused free variables (Python only lets a function take code with as many as its closure has)."""
-    free = [f"_fastad_free{i}" for i in range(n_free)]
-    use = f" if True else ({', '.join(free)},)" if free else ""
-    source = "\n".join(["def outer():", *[f"    {v} = None" for v in free],
-                        f"    def f(*args, _fastad_rule, **kwargs): return _fastad_rule(*args, **kwargs){use}",
-                        "    return f"])
-    namespace = {}
-    exec(source, namespace)
-    return namespace['outer']().__code__
-
-def _labelled_like(code, like):
-    """Trampoline `code` with the file, first line and name of function code `like`. Every instruction sits on
-    that `def` line, with no column range (an entry of Python 3.11's line table: 1, code 13, length; line delta 0),
-    so a traceback shows the user's `def` line and no stray markers."""
-    names = dict(co_filename=like.co_filename, co_firstlineno=like.co_firstlineno, co_name=like.co_name)
-    if sys.version_info >= (3, 11):
-        units = len(code.co_code) // 2
-        names.update(co_qualname=like.co_qualname, co_linetable=b''.join(
-            bytes([0x80 | 13 << 3 | min(8, units - i) - 1, 0]) for i in range(0, units, 8)))
-    return code.replace(**names)
 
 class _PythonFunctionRedirection(_Redirection):
     """A Python function, however it is reached: while a derivative is registered, its code is a one-line
