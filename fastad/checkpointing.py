@@ -250,11 +250,14 @@ class ActivationDiscarding(Layer):
         for g in self.generators: _state_of(g)
     def forward(self, x): return _recomputed_application(type(self.wrapped), tuple(self.generators))(self.wrapped, x)
 
+
+# %% ../nbs/05_checkpointing.ipynb #rf000023
 @patch
 def discarding_activations(self: Layer, generators=()):
     """This layer, with its activations recomputed in the backward pass instead of kept: `ActivationDiscarding(self)`.
     Pass the random generators of your own that it draws from as `generators`, to replay them."""
     return ActivationDiscarding(wrapped=self, generators=tuple(generators))
+
 
 # %% ../nbs/05_checkpointing.ipynb #45876802
 def _run(layers, x): return sequenced(x, through=list(layers))

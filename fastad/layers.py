@@ -127,6 +127,8 @@ def _stepped(x, steps, where):
     if isinstance(x, Differentiable) or not is_container(x): return x     # a model moves on its own; a static value stays
     return rebuilt(x, [_stepped(v, [_part(s, k) for s in steps], f"{where}[{k!r}]") for k, v in items(x)], construct=False)
 
+
+# %% ../nbs/04_custom_derivatives.ipynb #rf000021
 @patch
 def move(self: Differentiable, along):
     """Move the model by `along` (a value of its class, e.g. a scaled gradient), field by field, and return it.
