@@ -157,7 +157,7 @@ def apply_scalar(prim, x, c, reflected):
     tape.append((prim.name, ((x.idx, chains[reflected]),)))
     return t
 
-# %% ../nbs/03b_engine.ipynb #fbfcfc80
+# %% ../nbs/03b_engine.ipynb #rf000004
 class Outputs(tuple):
     """The tape entry `(name, parents)` of a rule with several outputs, at the place of its first output; the places
     of the others hold that place (an int). `specs`: each output's shape, dtype and array module, to make the zeros
@@ -173,6 +173,7 @@ def _spec(v):
 
 def _zeros(spec): return 0.0 if spec is None else spec[2].zeros(spec[0], spec[1])
 
+# %% ../nbs/03b_engine.ipynb #fbfcfc80
 def backward(trace, seeds, consume=False):
     """The reverse sweep over `trace` from `seeds` {tape index: cotangent}. Returns a list indexed by tape
     position holding the cotangents of the inputs (the entries that are `None` on the tape); every other

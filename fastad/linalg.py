@@ -179,6 +179,7 @@ def svdvals_vwc(a, *, hermitian=False):
         return _from_lower(ga) if hermitian else ga
     return s, chain
 
+# %% ../nbs/03a2_linear_algebra.ipynb #laed4s1
 def _qr_chain(q, r, gq, gr):
     "Ā for A = QR with R square and invertible: (Q̄ + Q copyltu(M)) R⁻ᵀ, M = R R̄ᵀ - Q̄ᵀ Q."
     d = np.abs(np.diagonal(r, 0, -2, -1))
@@ -248,6 +249,7 @@ def _linalg_pinv(a, rcond=None, hermitian=False, **kw):
     if hermitian: a = np.tril(a) + _T(np.tril(a, -1))   # NumPy then reads the lower triangle only
     return pinv_vwc.primitive(a, rcond=rcond, **kw)
 
+# %% ../nbs/03a2_linear_algebra.ipynb #laa81s1
 def _matrix_power(a, n):
     "Aⁿ by repeated squaring: log2(n) products, each differentiable; a negative n inverts first."
     _square('numpy.linalg.matrix_power', a)

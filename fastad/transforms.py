@@ -88,6 +88,7 @@ def _cast_like(c, value):
     if own is not None and own == dtype: return c
     return c.astype(dtype) if hasattr(c, 'astype') else np.dtype(dtype).type(c)
 
+# %% ../nbs/03d_transforms.ipynb #edc2sp01
 def value_with_pullback(f, *args, argnums=None):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
     `args` (a tuple when there are several; only those `argnums` picks). It can be called many times. While it
@@ -113,6 +114,7 @@ def _release_when_dropped(pullback, trace):
     def dropped(ref): _pending_releases.discard(ref); engine.release(trace)
     _pending_releases.add(weakref.ref(pullback, dropped))
 
+# %% ../nbs/03d_transforms.ipynb #edc2sp02
 def _value_with_pullback(f, args, once=False):
     "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
     if not callable(f): raise DifferentiationError(f"value_with_pullback: f must be callable, not {_describe(f)}")
@@ -267,6 +269,7 @@ def _refuse_foreign_traces(name, value, args):
                                    f"(through a closure or an object's field), whose derivative would be lost; "
                                    f"pass that value as an argument")
 
+# %% ../nbs/03d_transforms.ipynb #6d7asp01
 def _leaf_spec(leaf):
     "What the door of a custom pullback needs of one output: its shape, its dtype and its array module, not its values."
     v = unbox(leaf)
@@ -321,6 +324,7 @@ def _pullback_of(name, pb):
                 f"g *= 3), or copy it first (g = g.copy())") from e
     return checked
 
+# %% ../nbs/03d_transforms.ipynb #6d7asp02
 class CustomFunction(Primitive):
     """A function with a derivative of your own (from `differentiable_function`). Array arguments take the
     engine's fast path; structured ones (a model and its input, say) are flattened to their leaves; a structured
@@ -351,6 +355,7 @@ class CustomFunction(Primitive):
             raise DifferentiationError(f"{self.name}: a keyword-only argument cannot be differentiated; pass it by position")
         return bound.args, bound.kwargs
 
+# %% ../nbs/03d_transforms.ipynb #6d7asp03
 def _one_or_all(cts):
     "A rule's cotangents as the engine takes them from one pullback: the one for a single input, else all of them."
     return cts[0] if len(cts) == 1 else cts
@@ -457,6 +462,7 @@ def _per_context(key, elsewhere, plain):
         return fn(*args, **kwargs)
     return rule_here
 
+# %% ../nbs/03d_transforms.ipynb #b2c4sp01
 class _RegistryRedirection(_Redirection):
     """A NumPy ufunc or function (found through NumPy's dispatch): the rule in force is its row's `custom` rule (the
     operators read it too: `a + b` for `np.add`); the row's own adapter steps aside while one is in force."""
@@ -513,6 +519,7 @@ class _NameRedirection(_Redirection):
             if ns.get(k) is self.current: ns[k] = target        # a name rebound since then is the user's: left alone
         self.current = target
 
+# %% ../nbs/03d_transforms.ipynb #b2c4sp02
 def _redirection(of, caller_globals):
     "The redirection of `of`'s calls, made on its first registration."
     if id(of) in _REDIRECTIONS: return _REDIRECTIONS[id(of)]
