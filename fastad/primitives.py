@@ -299,6 +299,8 @@ def dot_vwc(x, y):
     return ans, (lambda g: unbroadcast(dx(g), sx), lambda g: unbroadcast(dy(g), sy))
 
 # %% ../nbs/03a_primitives.ipynb #a6e272fd
+import functools
+
 def _einsum_subscripts(subscripts, shapes):
     "Explicit `(inputs, output)` subscripts for `einsum`: ellipses spelled out with spare letters, the output named."
     ins, arrow, out = subscripts.replace(' ', '').partition('->')
@@ -310,6 +312,12 @@ def _einsum_subscripts(subscripts, shapes):
     if arrow: return ins, out.replace('...', ell)
     letters = ''.join(ins)                             # implicit output: the letters used once, sorted
     return ins, ell + ''.join(sorted(c for c in set(letters) - set(ell) if letters.count(c) == 1))
+
+@functools.lru_cache(maxsize=512)
+def _einsum_spec(subscripts, shapes):
+    "`_einsum_subscripts`, remembered (a training step asks the same each time): the inputs' letters as a tuple, the output's."
+    ins, out = _einsum_subscripts(subscripts, shapes)
+    return tuple(ins), out
 
 def _grouped(x, letters, groups, size):
     "`x`, whose axes `letters` name, with its axes permuted into the order of `groups` (strings) and each group merged into one axis."
@@ -324,11 +332,6 @@ def _ungrouped(m, groups, size, letters):
     order = [seq.index(c) for c in letters]
     return m if order == list(range(len(order))) else np.transpose(m, order)
 
-def _summed_alone(x, s, keep):
-    "Operand `x` (letters `s`) summed over the letters not in `keep`: no other operand, nor the output, has them."
-    axes = tuple(k for k, c in enumerate(s) if c not in keep)
-    return (np.sum(x, axis=axes) if axes else x), ''.join(c for c in s if c in keep)
-
 def _spread_back(r, s, kept, shape):
     "A cotangent over the `kept` letters of an operand with letters `s`, copied back along the letters summed alone."
     if len(kept) == len(s): return r
@@ -339,44 +342,57 @@ def _value_under(x):
     while hasattr(type(x), '__fastad_primitive__'): x = x.value
     return x
 
-def _einsum_as_product(ins, out, a, b):
-    """einsum of two operands as one (batched) matrix product, as a planned einsum runs it: the letters both
-    operands and the output have are the batch, those both operands have but not the output are summed by the
-    product, the rest are its rows (a's) and columns (b's). Its chains are matmul's, on the same matrices.
-    None where a letter broadcasts (a size-1 axis against a longer one), which the plain einsum handles."""
-    if len(ins) != 2 or len(set(out)) != len(out) or not (out + ''.join(ins)).isalpha() or not set(out) <= set(''.join(ins)):
-        return None                                    # subscripts NumPy refuses: np.einsum says why
+class _ProductPlan:
+    """How einsum('sa,sb->out') of two operands runs as one (batched) matrix product, as a planned einsum runs it:
+    the letters both operands and the output have are the batch; those both operands have but not the output
+    are summed by the product; the rest of the output's are its rows (a's) and columns (b's). A letter that one
+    operand alone has is summed away first (`alone`, its axes), and its cotangent copied back along it."""
+    __slots__ = ('ins', 'out', 'shapes', 'size', 'alone', 'kept', 'groups', 'out_groups')
+
+@functools.lru_cache(maxsize=512)
+def _product_plan(sa, sb, out, shape_a, shape_b, strides_a, strides_b):
+    "The `_ProductPlan` of einsum('sa,sb->out') for these shapes (and strides), or None where a letter broadcasts."
+    if len(set(out)) != len(out) or not (out + sa + sb).isalpha() or not set(out) <= set(sa + sb): return None  # NumPy's errors
     size = {}
-    for s, x in zip(ins, (a, b)):
-        if len(s) != np.ndim(x): return None
-        for c, n in zip(s, np.shape(x)):
-            if size.setdefault(c, n) != n: return None
-    (sa, sb), shape_a, shape_b = ins, np.shape(a), np.shape(b)
-    a, ka = _summed_alone(a, sa, sb + out)             # letters only one operand has are summed first
-    b, kb = _summed_alone(b, sb, sa + out)
+    for s, shape in ((sa, shape_a), (sb, shape_b)):
+        if len(s) != len(shape): return None
+        for c, n in zip(s, shape):
+            if size.setdefault(c, n) != n: return None  # a size-1 axis against a longer one: the plain einsum does it
+    ka, kb = ''.join(c for c in sa if c in sb + out), ''.join(c for c in sb if c in sa + out)
     batch = ''.join(c for c in out if c in ka and c in kb)
     rows, cols = ''.join(c for c in out if c not in kb), ''.join(c for c in out if c not in ka)
     inner = [c for c in ka if c in kb and c not in out]
     # the summed letters in the order of the larger operand's memory (largest stride first): the copy that makes it a
     # matrix then reads it in runs (the windows of a convolution: 2.6x faster than in the order of its subscripts)
-    big, s = (a, ka) if np.size(a) >= np.size(b) else (b, kb)
-    strides = getattr(_value_under(big), 'strides', None)
-    if strides is not None and len(strides) == len(s): inner.sort(key=lambda c: -strides[s.index(c)])
+    s, strides = (sa, strides_a) if math.prod(shape_a) >= math.prod(shape_b) else (sb, strides_b)
+    if strides is not None: inner.sort(key=lambda c: -strides[s.index(c)])
     inner = ''.join(inner)
-    ga, gb, gc = ((batch, rows, inner), (batch, inner, cols), (batch, rows, cols)) if batch else \
-                 ((rows, inner), (inner, cols), (rows, cols))
-    A, B = _grouped(a, ka, ga, size), _grouped(b, kb, gb, size)
+    plan = _ProductPlan()
+    plan.ins, plan.out, plan.shapes, plan.size, plan.kept = (sa, sb), out, (shape_a, shape_b), size, (ka, kb)
+    plan.alone = tuple(tuple(k for k, c in enumerate(s) if c not in kept) for s, kept in ((sa, ka), (sb, kb)))
+    plan.groups = ((batch, rows, inner), (batch, inner, cols)) if batch else ((rows, inner), (inner, cols))
+    plan.out_groups = (batch, rows, cols) if batch else (rows, cols)
+    return plan
+
+def _einsum_as_product(ins, out, a, b):
+    "einsum of two operands as one (batched) matrix product; its chains are matmul's, on the same matrices. None where it is not one."
+    if len(ins) != 2: return None
+    strides = [getattr(_value_under(x), 'strides', None) for x in (a, b)]
+    plan = _product_plan(*ins, out, np.shape(a), np.shape(b), *strides)
+    if plan is None: return None
+    size, gc = plan.size, plan.out_groups
+    A, B = (_grouped(np.sum(x, axis=alone) if alone else x, kept, groups, size)   # letters one operand alone has: summed first
+            for x, alone, kept, groups in zip((a, b), plan.alone, plan.kept, plan.groups))
     ans = _ungrouped(_product(A, B), gc, size, out)
     if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]       # a number, as np.einsum gives
-    def chain(first, other, groups, kept, s, shape):
-        "One operand's chain: matmul's, g times the other operand's matrix (transposed), then back to its letters."
-        def chain_(g):
+    def chain(i, other):
+        "Operand i's chain: matmul's, g times the other operand's matrix (transposed), then back to operand i's letters."
+        def chain_i(g):
             G, T = _grouped(g, out, gc, size), np.swapaxes(other, -1, -2)
-            r = _ungrouped(_product(G, T) if first else _product(T, G), groups, size, kept)
-            return r if shape is None else _spread_back(r, s, kept, shape)
-        return chain_
-    return ans, (None, chain(True, B, ga, ka, sa, None if ka == sa else shape_a),
-                 chain(False, A, gb, kb, sb, None if kb == sb else shape_b))
+            r = _ungrouped(_product(G, T) if i == 0 else _product(T, G), plan.groups[i], size, plan.kept[i])
+            return _spread_back(r, plan.ins[i], plan.kept[i], plan.shapes[i])
+        return chain_i
+    return ans, (None, chain(0, B), chain(1, A))
 
 @defvwc(np.einsum)
 def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
@@ -384,7 +400,7 @@ def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
     if unsupported: raise DifferentiationError(f"numpy.einsum: {', '.join(unsupported)}= cannot be differentiated")
     if not isinstance(subscripts, str):
         raise NoDerivativeError("numpy.einsum: only the string form of the subscripts ('ij,jk->ik') can be differentiated")
-    ins, out = _einsum_subscripts(subscripts, [np.shape(x) for x in operands])
+    ins, out = _einsum_spec(subscripts, tuple(np.shape(x) for x in operands))
     for i, s in enumerate(ins):
         if len(set(s)) != len(s):
             raise NoDerivativeError(f"numpy.einsum: operand {i} repeats an index in {s!r} (a diagonal), which has no "
