@@ -320,18 +320,22 @@ def sliding_window_view_vwc(x, *, window_shape, axis):
 
 @defvwc(name='window_sum', unary=True)
 def window_sum_vwc(g, *, shape, window_shape, axis):
-    """The transpose of `sliding_window_view`: each window of `g` added back where it was read, one shifted
-    slice per position in the window (a 3×3 window: nine adds of the whole array)."""
+    """The transpose of `sliding_window_view`: each window of `g` added back where it was read. One window axis at
+    a time, from the last: its positions are shifted slices added along the array axis it slides on (a 5×5
+    window: 5 adds, then 5 of a smaller array, not 25 of the whole: about twice as fast)."""
     chain = lambda h: np.lib.stride_tricks.sliding_window_view(h, window_shape, axis)
     if _traced(g): return window_sum(g, shape=shape, window_shape=window_shape, axis=axis), chain
-    out = _module(g).zeros(shape, dtype=np.result_type(g))
-    nd, k = len(shape), len(window_shape)
-    counts = [np.shape(g)[a] for a in range(nd)]                 # how many windows start along each axis
-    for offsets in np.ndindex(*window_shape):
-        target = [slice(None)] * nd
-        for a, o in zip(axis, offsets): target[a] = slice(o, o + counts[a])
-        out[tuple(target)] += g[(Ellipsis, *offsets)] if k else g
-    return out, chain
+    xp, dtype = _module(g), np.result_type(g)
+    if not window_shape: return g.copy(), chain
+    for a, w in reversed(tuple(zip(axis, window_shape))):    # g's last axis: a position in the window along axis a
+        target = list(np.shape(g)[:-1])
+        n, target[a] = target[a], shape[a]                    # n windows start along axis a
+        out, place = xp.zeros(target, dtype=dtype), [slice(None)] * len(target)
+        for o in range(w):
+            place[a] = slice(o, o + n)
+            out[tuple(place)] += g[..., o]
+        g = out
+    return g, chain
 
 window_sum = window_sum_vwc.primitive
 
