@@ -495,7 +495,8 @@ def _extremum_vwc(reduce, pick, x, axis, keepdims):
             if type(g) is float and dtype.kind == 'f': g = dtype.type(g)   # a Python float: x's precision, as below
             return _select(hit, _expand(g, shape, axis, keepdims))
         return ans, chain
-    share = (hit / np.sum(hit, axis=axis, keepdims=True)).astype(np.result_type(x))  # ties share equally
+    count = np.maximum(np.sum(hit, axis=axis, keepdims=True), 1)        # 0 in a NaN's slice: no share, and no 0 / 0
+    share = (hit / count).astype(np.result_type(x))                     # ties share equally
     return ans, lambda g: np.where(hit, _expand(g, shape, axis, keepdims) * share, 0)
 
 @defvwc(np.max, np.amax, unary=True)
