@@ -374,21 +374,29 @@ def _product_plan(sa, sb, out, shape_a, shape_b, strides_a, strides_b):
     plan.out_groups = (batch, rows, cols) if batch else (rows, cols)
     return plan
 
-def _einsum_as_product(ins, out, a, b):
-    "einsum of two operands as one (batched) matrix product; its chains are matmul's, on the same matrices. None where it is not one."
+def _einsum_as_product(subscripts, ins, out, a, b, optimize):
+    """einsum of two operands as one (batched) matrix product, or None where it is not one. Its chains are matmul's,
+    on the operands as matrices: made once in the forward pass when `optimize` asks NumPy for a planned einsum (which
+    runs it so), and the value is the product; otherwise the value is NumPy's unplanned einsum, bit for bit, and
+    each chain makes the matrix it needs when it runs."""
     if len(ins) != 2: return None
     strides = [getattr(_value_under(x), 'strides', None) for x in (a, b)]
     plan = _product_plan(*ins, out, np.shape(a), np.shape(b), *strides)
     if plan is None: return None
     size, gc = plan.size, plan.out_groups
-    A, B = (_grouped(np.sum(x, axis=alone) if alone else x, kept, groups, size)   # letters one operand alone has: summed first
-            for x, alone, kept, groups in zip((a, b), plan.alone, plan.kept, plan.groups))
-    ans = _ungrouped(_product(A, B), gc, size, out)
-    if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]       # a number, as np.einsum gives
+    def matrix(k, x):
+        "Operand k as its matrix: summed first over the letters it alone has, then its axes grouped."
+        alone = plan.alone[k]
+        return _grouped(np.sum(x, axis=alone) if alone else x, plan.kept[k], plan.groups[k], size)
+    if optimize:
+        A, B = matrix(0, a), matrix(1, b)
+        ans = _ungrouped(_product(A, B), gc, size, out)
+        if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]       # a number, as np.einsum gives
+    else: A, B, ans = a, b, np.einsum(subscripts, a, b)
     def chain(i, other):
         "Operand i's chain: matmul's, g times the other operand's matrix (transposed), then back to operand i's letters."
         def chain_i(g):
-            G, T = _grouped(g, out, gc, size), np.swapaxes(other, -1, -2)
+            G, T = _grouped(g, out, gc, size), np.swapaxes(other if optimize else matrix(1 - i, other), -1, -2)
             r = _ungrouped(_product(G, T) if i == 0 else _product(T, G), plan.groups[i], size, plan.kept[i])
             return _spread_back(r, plan.ins[i], plan.kept[i], plan.shapes[i])
         return chain_i
@@ -406,7 +414,7 @@ def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
             raise NoDerivativeError(f"numpy.einsum: operand {i} repeats an index in {s!r} (a diagonal), which has no "
                                     f"derivative in fastad; multiply by an identity matrix and sum instead")
     if len(operands) == 2:
-        product = _einsum_as_product(ins, out, *operands)
+        product = _einsum_as_product(subscripts, ins, out, *operands, optimize)
         if product is not None: return product
     # Three operands or more: each chain is an einsum of as many operands, planned (pairwise products) once the
     # unplanned loop, which runs over every combination of the letters' values, would be long
