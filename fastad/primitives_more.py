@@ -58,6 +58,7 @@ def cosh_vwc(x):
     "cosh(x): g sinh(x)."
     return np.cosh(x), lambda g: g * np.sinh(x)
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e02
 @defvwc(np.arcsin, unary=True)
 def arcsin_vwc(x):
     "arcsin(x): g / sqrt(1 - x²)."
@@ -88,6 +89,7 @@ def arctanh_vwc(x):
     "arctanh(x): g / (1 - x²)."
     return np.arctanh(x), lambda g: g / (1 - x * x)
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e03
 @defvwc(np.reciprocal, unary=True)
 def reciprocal_vwc(x):
     "1 / x: -g / x², from the result."
@@ -156,6 +158,7 @@ def logaddexp2_vwc(x, y):
     ans = np.logaddexp2(x, y)
     return ans, (lambda g: g * np.exp2(x - ans), lambda g: g * np.exp2(y - ans))
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e05
 def _nan_shares(twice, x, y):
     "Twice x's share for fmax/fmin: a NaN loses to any number, so the other side takes the whole cotangent."
     return np.where(np.isnan(y), 2, np.where(np.isnan(x), 0, twice)).astype(np.int8)
@@ -183,6 +186,7 @@ def float_power_vwc(x, y):
     return ans, (lambda g: np.where(zero, 0, g * y * np.float_power(x, np.where(zero, 1, y - 1))),
                  lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e06
 @defvwc(np.fmod, broadcasts=True)
 def fmod_vwc(x, y):
     "x - trunc(x / y) * y (C's remainder): slope 1 in x and -trunc(x / y) in y, between the jumps."
