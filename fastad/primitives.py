@@ -320,7 +320,7 @@ def _einsum_spec(subscripts, shapes):
     return tuple(ins), out
 
 def _grouped(x, letters, groups, size):
-    "`x`, whose axes `letters` name, with its axes permuted into the order of `groups` (strings) and each group merged into one axis."
+    "`x` (its axes named by `letters`) with its axes permuted into the order of `groups` (strings), each group merged."
     order = [letters.index(c) for c in ''.join(groups)]
     if order != list(range(len(order))): x = np.transpose(x, order)
     return np.reshape(x, tuple(math.prod(size[c] for c in group) for group in groups))
