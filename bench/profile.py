@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT))
 
 CASES = {'mlp': [('fastad', 'step')], 'scalar': [('fastad', 'mixed'), ('fastad', 'constant'), ('fastad', 'traced'),
                                                  ('fastad', 'tape 30,000')],
-         'cnn': [('fastad', 'step'), ('fastad, traced NumPy', 'step')]}
+         'cnn': [('fastad', 'step'), ('fastad, traced NumPy', 'step'), ('fastad, traced einsum', 'step')]}
 
 def self_times(frame, totals):
     "Sum each function's own time (its time less its callees') over the call tree."

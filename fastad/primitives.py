@@ -128,13 +128,22 @@ def defvwc(*fns, name=None, unary=False, broadcasts=False, adapt=None):
     return decorate
 
 # %% ../nbs/03a_primitives.ipynb #dce2e126
+import math
+
 def unbroadcast(g, shape):
     "Sum cotangent `g` down to `shape`, undoing NumPy's broadcasting."
     gshape = np.shape(g)
     if gshape == shape: return g
     lead = len(gshape) - len(shape)
     axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and gshape[i + lead] != 1)
-    return np.reshape(np.sum(g, axis=axes) if axes else g, shape)
+    if not axes: return np.reshape(g, shape)
+    k = len(axes)
+    if axes[-1] == k - 1 < len(gshape) - 1 and type(g) is np.ndarray and g.dtype.char in 'fd' and g.size and g.flags.c_contiguous:
+        # only leading axes summed (a bias's cotangent): the rows of a matrix, added by one matrix-vector product;
+        # NumPy's sum down the rows of a narrow matrix is several times slower (1440 rows of 6: 22 µs against 4)
+        rows = math.prod(gshape[:k])
+        return np.reshape(np.ones(rows, g.dtype) @ g.reshape(rows, g.size // rows), shape)
+    return np.reshape(np.sum(g, axis=axes), shape)
 
 # %% ../nbs/03a_primitives.ipynb #a485fe24
 @defvwc(np.add, broadcasts=True)
@@ -328,6 +337,8 @@ def dot_vwc(x, y):
     return ans, (lambda g: unbroadcast(dx(g), sx), lambda g: unbroadcast(dy(g), sy))
 
 # %% ../nbs/03a_primitives.ipynb #a6e272fd
+import functools
+
 def _einsum_subscripts(subscripts, shapes):
     "Explicit `(inputs, output)` subscripts for `einsum`: ellipses spelled out with spare letters, the output named."
     ins, arrow, out = subscripts.replace(' ', '').partition('->')
@@ -340,17 +351,113 @@ def _einsum_subscripts(subscripts, shapes):
     letters = ''.join(ins)                             # implicit output: the letters used once, sorted
     return ins, ell + ''.join(sorted(c for c in set(letters) - set(ell) if letters.count(c) == 1))
 
+@functools.lru_cache(maxsize=512)
+def _einsum_spec(subscripts, shapes):
+    "`_einsum_subscripts`, remembered (a training step asks the same each time): the inputs' letters as a tuple, the output's."
+    ins, out = _einsum_subscripts(subscripts, shapes)
+    return tuple(ins), out
+
+def _grouped(x, letters, groups, size):
+    "`x` (its axes named by `letters`) with its axes permuted into the order of `groups` (strings), each group merged."
+    order = [letters.index(c) for c in ''.join(groups)]
+    if order != list(range(len(order))): x = np.transpose(x, order)
+    return np.reshape(x, tuple(math.prod(size[c] for c in group) for group in groups))
+
+def _ungrouped(m, groups, size, letters):
+    "The inverse of `_grouped`: each merged axis of `m` split again, then the axes permuted into `letters` order."
+    seq = ''.join(groups)
+    m = np.reshape(m, tuple(size[c] for c in seq))
+    order = [seq.index(c) for c in letters]
+    return m if order == list(range(len(order))) else np.transpose(m, order)
+
+def _spread_back(r, s, kept, shape):
+    "A cotangent over the `kept` letters of an operand with letters `s`, copied back along the letters summed alone."
+    if len(kept) == len(s): return r
+    return np.broadcast_to(np.expand_dims(r, tuple(k for k, c in enumerate(s) if c not in kept)), shape)
+
+def _value_under(x):
+    "The array under any traced levels of `x` (whose type defines `__fastad_primitive__`)."
+    while hasattr(type(x), '__fastad_primitive__'): x = x.value
+    return x
+
+class _ProductPlan:
+    """How einsum('sa,sb->out') of two operands runs as one (batched) matrix product, as a planned einsum runs it:
+    the letters both operands and the output have are the batch; those both operands have but not the output
+    are summed by the product; the rest of the output's are its rows (a's) and columns (b's). A letter that one
+    operand alone has is summed away first (`alone`, its axes), and its cotangent copied back along it."""
+    __slots__ = ('ins', 'out', 'shapes', 'size', 'alone', 'kept', 'groups', 'out_groups')
+
+@functools.lru_cache(maxsize=512)
+def _product_plan(sa, sb, out, shape_a, shape_b, strides_a, strides_b):
+    "The `_ProductPlan` of einsum('sa,sb->out') for these shapes (and strides), or None where a letter broadcasts."
+    if len(set(out)) != len(out) or not (out + sa + sb).isalpha() or not set(out) <= set(sa + sb): return None  # NumPy's errors
+    size = {}
+    for s, shape in ((sa, shape_a), (sb, shape_b)):
+        if len(s) != len(shape): return None
+        for c, n in zip(s, shape):
+            if size.setdefault(c, n) != n: return None  # a size-1 axis against a longer one: the plain einsum does it
+    ka, kb = ''.join(c for c in sa if c in sb + out), ''.join(c for c in sb if c in sa + out)
+    batch = ''.join(c for c in out if c in ka and c in kb)
+    rows, cols = ''.join(c for c in out if c not in kb), ''.join(c for c in out if c not in ka)
+    inner = [c for c in ka if c in kb and c not in out]
+    # the summed letters in the order of the larger operand's memory (largest stride first): the copy that makes it a
+    # matrix then reads it in runs (the windows of a convolution: 2.6x faster than in the order of its subscripts)
+    s, strides = (sa, strides_a) if math.prod(shape_a) >= math.prod(shape_b) else (sb, strides_b)
+    if strides is not None: inner.sort(key=lambda c: -strides[s.index(c)])
+    inner = ''.join(inner)
+    plan = _ProductPlan()
+    plan.ins, plan.out, plan.shapes, plan.size, plan.kept = (sa, sb), out, (shape_a, shape_b), size, (ka, kb)
+    plan.alone = tuple(tuple(k for k, c in enumerate(s) if c not in kept) for s, kept in ((sa, ka), (sb, kb)))
+    plan.groups = ((batch, rows, inner), (batch, inner, cols)) if batch else ((rows, inner), (inner, cols))
+    plan.out_groups = (batch, rows, cols) if batch else (rows, cols)
+    return plan
+
+def _einsum_as_product(subscripts, ins, out, a, b, optimize):
+    """einsum of two operands as one (batched) matrix product, or None where it is not one. Its chains are matmul's,
+    on the operands as matrices: made once in the forward pass when `optimize` asks NumPy for a planned einsum (which
+    runs it so), and the value is the product; otherwise the value is NumPy's unplanned einsum, bit for bit, and
+    each chain makes the matrix it needs when it runs."""
+    if len(ins) != 2: return None
+    strides = [getattr(_value_under(x), 'strides', None) for x in (a, b)]
+    plan = _product_plan(*ins, out, np.shape(a), np.shape(b), *strides)
+    if plan is None: return None
+    size, gc = plan.size, plan.out_groups
+    def matrix(k, x):
+        "Operand k as its matrix: summed first over the letters it alone has, then its axes grouped."
+        alone = plan.alone[k]
+        return _grouped(np.sum(x, axis=alone) if alone else x, plan.kept[k], plan.groups[k], size)
+    if optimize:
+        A, B = matrix(0, a), matrix(1, b)
+        ans = _ungrouped(_product(A, B), gc, size, out)
+        if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]       # a number, as np.einsum gives
+    else: A, B, ans = a, b, np.einsum(subscripts, a, b)
+    def chain(i, other):
+        "Operand i's chain: matmul's, g times the other operand's matrix (transposed), then back to operand i's letters."
+        def chain_i(g):
+            G, T = _grouped(g, out, gc, size), np.swapaxes(other if optimize else matrix(1 - i, other), -1, -2)
+            r = _ungrouped(_product(G, T) if i == 0 else _product(T, G), plan.groups[i], size, plan.kept[i])
+            return _spread_back(r, plan.ins[i], plan.kept[i], plan.shapes[i])
+        return chain_i
+    return ans, (None, chain(0, B), chain(1, A))
+
 @defvwc(np.einsum)
 def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
     "numpy.einsum with string subscripts: each operand's cotangent is another einsum of g and the others."
     if unsupported: raise DifferentiationError(f"numpy.einsum: {', '.join(unsupported)}= cannot be differentiated")
     if not isinstance(subscripts, str):
         raise NoDerivativeError("numpy.einsum: only the string form of the subscripts ('ij,jk->ik') can be differentiated")
-    ins, out = _einsum_subscripts(subscripts, [np.shape(x) for x in operands])
+    ins, out = _einsum_spec(subscripts, tuple(np.shape(x) for x in operands))
     for i, s in enumerate(ins):
         if len(set(s)) != len(s):
             raise NoDerivativeError(f"numpy.einsum: operand {i} repeats an index in {s!r} (a diagonal), which has no "
                                     f"derivative in fastad; multiply by an identity matrix and sum instead")
+    if len(operands) == 2:
+        product = _einsum_as_product(subscripts, ins, out, *operands, optimize)
+        if product is not None: return product
+    # Three operands or more: each chain is an einsum of as many operands, planned (pairwise products) once the
+    # unplanned loop, which runs over every combination of the letters' values, would be long
+    letters = {c: n for s, x in zip(ins, operands) for c, n in zip(s, np.shape(x))}
+    plan = optimize or (len(operands) > 2 and math.prod(letters.values()) > 10_000 and 'greedy')
     def chain(i):
         others = [j for j in range(len(operands)) if j != i]
         reachable = set(out).union(*(ins[j] for j in others))
@@ -359,12 +466,10 @@ def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
         shape = np.shape(operands[i])
         kept_shape = tuple(n for n, c in zip(shape, ins[i]) if c in kept)
         def chain_i(g):
-            r = np.einsum(spec, g, *(operands[j] for j in others), optimize=optimize)
+            r = np.einsum(spec, g, *(operands[j] for j in others), optimize=plan)
             # size-1 axes that broadcast: settled on the kept letters first, before the summed-away ones come back
             r = unbroadcast(np.broadcast_to(r, np.broadcast_shapes(np.shape(r), kept_shape)), kept_shape)
-            if len(kept) < len(ins[i]):
-                r = np.broadcast_to(np.expand_dims(r, tuple(k for k, c in enumerate(ins[i]) if c not in kept)), shape)
-            return r
+            return _spread_back(r, ins[i], kept, shape)
         return chain_i
     return np.einsum(subscripts, *operands, optimize=optimize), (None, *(chain(i) for i in range(len(operands))))
 
@@ -378,12 +483,15 @@ def axes_of(axis):
 def _expand(g, shape, axis, keepdims):
     "Give a reduced cotangent back its reduced axes, ready to broadcast to `shape`."
     if axis is None or keepdims or not shape: return g
-    return np.expand_dims(g, tuple(a % len(shape) for a in axes_of(axis)))
+    axes = tuple(a % len(shape) for a in axes_of(axis))
+    if type(g) is np.ndarray and g.ndim == len(shape) - len(axes):        # np.expand_dims, but quicker
+        sizes = iter(g.shape)
+        return g.reshape(tuple(1 if i in axes else next(sizes) for i in range(len(shape))))
+    return np.expand_dims(g, axes)
 
 def _count(shape, axis):
     "How many elements a reduction over `axis` combines into each result."
-    if axis is None: return int(np.prod(shape, dtype=np.int64))
-    return int(np.prod([shape[a] for a in axes_of(axis)], dtype=np.int64))
+    return math.prod(shape) if axis is None else math.prod(shape[a] for a in axes_of(axis))
 
 @defvwc(np.sum, unary=True)
 def sum_vwc(x, *, axis=None, keepdims=False):
@@ -398,22 +506,54 @@ def mean_vwc(x, *, axis=None, keepdims=False):
     n = max(_count(shape, axis), 1)
     return np.mean(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(_expand(g / n, shape, axis, keepdims), shape)
 
-def _extremum_vwc(reduce, x, axis, keepdims):
+def _by_slices(pick, x, axis):
+    """The extreme of `x` over a few short axes (kept, of size 1), as `pick` (np.maximum) of the slices along them:
+    NumPy's reduction over short inner axes is slow (2×2 pooling windows: 57 µs, against 14 by slices; (10000, 2)
+    over its last axis: 350 against 16). None where slices would not pay, so that NumPy's reduction runs."""
+    if type(x) is not np.ndarray or axis is None: return None
+    nd, axis = x.ndim, axes_of(axis)
+    if any(not -nd <= a < nd for a in axis) or len({a % nd for a in axis}) != len(axis): return None  # NumPy's error
+    axes = [a % nd for a in axis]
+    sizes = [x.shape[a] for a in axes]
+    n = math.prod(sizes)
+    if not 2 <= n <= 16 or x.size < 8 * n * n: return None        # many slices, or few results per slice
+    index, views = [slice(None)] * nd, []
+    for at in np.ndindex(*sizes):
+        for a, i in zip(axes, at): index[a] = slice(i, i + 1)
+        views.append(x[tuple(index)])
+    out = pick(views[0], views[1])
+    for v in views[2:]: pick(out, v, out=out)
+    return out
+
+def _extremum_vwc(reduce, pick, x, axis, keepdims):
     "The largest (smallest) element; equal extremes share the cotangent equally."
     shape = np.shape(x)
-    hit = x == reduce(x, axis=axis, keepdims=True)
-    share = (hit / np.sum(hit, axis=axis, keepdims=True)).astype(np.result_type(x))  # ties share equally
-    return reduce(x, axis=axis, keepdims=keepdims), lambda g: np.where(hit, _expand(g, shape, axis, keepdims) * share, 0)
+    top = _by_slices(pick, x, axis)
+    if top is None: top = reduce(x, axis=axis, keepdims=True)
+    ans = top if keepdims else np.squeeze(top, axis=axis)
+    if not keepdims and type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]   # a number, as np.max gives
+    hit = x == top
+    # Without ties, as almost always, each result has one hit and g goes there. (A NaN extreme has none, and a
+    # tie elsewhere could make up the count: so a NaN takes the general path.)
+    if np.count_nonzero(hit) == np.size(top) and not np.isnan(top).any():
+        dtype = np.result_type(x)
+        def chain(g):
+            if type(g) is float and dtype.kind == 'f': g = dtype.type(g)   # a Python float: x's precision, as below
+            return _select(hit, _expand(g, shape, axis, keepdims))
+        return ans, chain
+    count = np.maximum(np.sum(hit, axis=axis, keepdims=True), 1)        # 0 in a NaN's slice: no share, and no 0 / 0
+    share = (hit / count).astype(np.result_type(x))                     # ties share equally
+    return ans, lambda g: np.where(hit, _expand(g, shape, axis, keepdims) * share, 0)
 
 @defvwc(np.max, np.amax, unary=True)
 def max_vwc(x, *, axis=None, keepdims=False):
     "Largest value over `axis`: the cotangent goes to the maxima, shared equally between ties."
-    return _extremum_vwc(np.max, x, axis, keepdims)
+    return _extremum_vwc(np.max, np.maximum, x, axis, keepdims)
 
 @defvwc(np.min, np.amin, unary=True)
 def min_vwc(x, *, axis=None, keepdims=False):
     "Smallest value over `axis`: the cotangent goes to the minima, shared equally between ties."
-    return _extremum_vwc(np.min, x, axis, keepdims)
+    return _extremum_vwc(np.min, np.minimum, x, axis, keepdims)
 
 @defvwc(np.var, unary=True)
 def var_vwc(x, *, axis=None, ddof=0, keepdims=False):

@@ -58,6 +58,7 @@ def cosh_vwc(x):
     "cosh(x): g sinh(x)."
     return np.cosh(x), lambda g: g * np.sinh(x)
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e02
 @defvwc(np.arcsin, unary=True)
 def arcsin_vwc(x):
     "arcsin(x): g / sqrt(1 - x²)."
@@ -88,6 +89,7 @@ def arctanh_vwc(x):
     "arctanh(x): g / (1 - x²)."
     return np.arctanh(x), lambda g: g / (1 - x * x)
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e03
 @defvwc(np.reciprocal, unary=True)
 def reciprocal_vwc(x):
     "1 / x: -g / x², from the result."
@@ -156,6 +158,7 @@ def logaddexp2_vwc(x, y):
     ans = np.logaddexp2(x, y)
     return ans, (lambda g: g * np.exp2(x - ans), lambda g: g * np.exp2(y - ans))
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e05
 def _nan_shares(twice, x, y):
     "Twice x's share for fmax/fmin: a NaN loses to any number, so the other side takes the whole cotangent."
     return np.where(np.isnan(y), 2, np.where(np.isnan(x), 0, twice)).astype(np.int8)
@@ -183,6 +186,7 @@ def float_power_vwc(x, y):
     return ans, (lambda g: np.where(zero, 0, g * y * np.float_power(x, np.where(zero, 1, y - 1))),
                  lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
+# %% ../nbs/03a1_more_primitives.ipynb #brsp0e06
 @defvwc(np.fmod, broadcasts=True)
 def fmod_vwc(x, y):
     "x - trunc(x / y) * y (C's remainder): slope 1 in x and -trunc(x / y) in y, between the jumps."
@@ -320,18 +324,22 @@ def sliding_window_view_vwc(x, *, window_shape, axis):
 
 @defvwc(name='window_sum', unary=True)
 def window_sum_vwc(g, *, shape, window_shape, axis):
-    """The transpose of `sliding_window_view`: each window of `g` added back where it was read, one shifted
-    slice per position in the window (a 3×3 window: nine adds of the whole array)."""
+    """The transpose of `sliding_window_view`: each window of `g` added back where it was read. One window axis at
+    a time, from the last: its positions are shifted slices added along the array axis it slides on (a 5×5
+    window: 5 adds, then 5 of a smaller array, not 25 of the whole: about twice as fast)."""
     chain = lambda h: np.lib.stride_tricks.sliding_window_view(h, window_shape, axis)
     if _traced(g): return window_sum(g, shape=shape, window_shape=window_shape, axis=axis), chain
-    out = _module(g).zeros(shape, dtype=np.result_type(g))
-    nd, k = len(shape), len(window_shape)
-    counts = [np.shape(g)[a] for a in range(nd)]                 # how many windows start along each axis
-    for offsets in np.ndindex(*window_shape):
-        target = [slice(None)] * nd
-        for a, o in zip(axis, offsets): target[a] = slice(o, o + counts[a])
-        out[tuple(target)] += g[(Ellipsis, *offsets)] if k else g
-    return out, chain
+    xp, dtype = _module(g), np.result_type(g)
+    if not window_shape: return g.copy(), chain
+    for a, w in reversed(tuple(zip(axis, window_shape))):    # g's last axis: a position in the window along axis a
+        target = list(np.shape(g)[:-1])
+        n, target[a] = target[a], shape[a]                    # n windows start along axis a
+        out, place = xp.zeros(target, dtype=dtype), [slice(None)] * len(target)
+        for o in range(w):
+            place[a] = slice(o, o + n)
+            out[tuple(place)] += g[..., o]
+        g = out
+    return g, chain
 
 window_sum = window_sum_vwc.primitive
 

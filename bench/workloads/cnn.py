@@ -30,12 +30,26 @@ def im2col(x):
     "Every 5x5x3 window of `x` as a row: (N*12*12, 75), its columns in the weight's (kh, kw, c) order."
     return sliding_window_view(x, (K, K), axis=(1, 2)).transpose(0, 1, 2, 4, 5, 3).reshape(N * HO * HO, K * K * C)
 
-def traced_loss(p, x, labels, log_softmax):
+def cross_entropy(logits, labels):
+    "Softmax cross-entropy as a learner writes it in NumPy: shift by the row maximum, log-sum-exp, pick each label."
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return -log_probs[np.arange(len(labels)), labels].mean()
+
+def traced_loss(p, x, labels):
     "The step in plain NumPy operations (for engines that trace NumPy code): conv as one GEMM over windows."
     conv = (im2col(x) @ p[0].reshape(K * K * C, F) + p[1]).reshape(N, HO, HO, F)
     pooled = conv.reshape(N, HP, P, HP, P, F).max(axis=(2, 4))
     logits = pooled.reshape(N, FLAT) @ p[2] + p[3]
-    return -log_softmax(logits)[np.arange(N), labels].mean()
+    return cross_entropy(logits, labels)
+
+def traced_loss_einsum(p, x, labels):
+    "The same step with the convolution as an einsum over the windows (planned, as lesson 01 teaches)."
+    windows = sliding_window_view(x, (K, K), axis=(1, 2))              # (N, 12, 12, C, K, K)
+    conv = np.einsum('nhwcij,ijcf->nhwf', windows, p[0], optimize=True) + p[1]
+    pooled = conv.reshape(N, HP, P, HP, P, F).max(axis=(2, 4))
+    logits = pooled.reshape(N, FLAT) @ p[2] + p[3]
+    return cross_entropy(logits, labels)
 
 def fastad_layers(size):
     "fastad's own CNN layers, when this fastad has them."
@@ -55,13 +69,17 @@ def fastad_layers(size):
         return as_numpy(value, (gc.filter, gc.bias, gd.weight, gd.bias))
     return Contender(fastad_version(), {'step': step}, numpy_gemm())
 
-def fastad_traced(size):
+def fastad_traced(size, loss=traced_loss, note='plain NumPy code traced, no layer classes: conv as one GEMM over windows'):
     "fastad differentiating the plain NumPy step (no layer classes): the engine on this workload today."
     import fastad as fd
     x, labels, params = data()
     params = tuple(params)
-    step = lambda: as_numpy(*fd.value_with_gradient(lambda p: traced_loss(p, x, labels, fd.log_softmax), params))
-    return Contender(fastad_version(), {'step': step}, numpy_gemm(), note='plain NumPy code traced, no layer classes')
+    step = lambda: as_numpy(*fd.value_with_gradient(lambda p: loss(p, x, labels), params))
+    return Contender(fastad_version(), {'step': step}, numpy_gemm(), note=note)
+
+def fastad_traced_einsum(size):
+    "The plain NumPy step with the convolution written as an einsum over sliding_window_view windows."
+    return fastad_traced(size, traced_loss_einsum, 'plain NumPy code traced: conv as an einsum over windows')
 
 def hand_numpy(size):
     "Forward and backward by hand: im2col with sliding_window_view, one GEMM per product, pooling by a mask."
@@ -131,5 +149,6 @@ def hips_autograd(size):
     step = lambda: as_numpy(*vg(list(params)))
     return Contender(autograd_version(), {'step': step}, numpy_gemm())
 
-CONTENDERS = {'fastad': fastad_layers, 'fastad, traced NumPy': fastad_traced, 'numpy': hand_numpy,
+CONTENDERS = {'fastad': fastad_layers, 'fastad, traced NumPy': fastad_traced, 'fastad, traced einsum': fastad_traced_einsum,
+              'numpy': hand_numpy,
               'torch': torch_eager, 'jax': jax_jit, 'autograd': hips_autograd}
