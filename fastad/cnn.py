@@ -8,7 +8,7 @@ __all__ = ['PADDINGS', 'conv2d', 'max_pool2d', 'softmax_cross_entropy', 'windows
            'applied_for_backpropagation']
 
 # %% ../nbs/05a_cnn_layers.ipynb #dcea83f0
-import math, numbers
+import functools, math, numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, default_rng, get_backend, is_array, zeros
@@ -221,6 +221,7 @@ max_pool2d = max_pool2d_vwc.primitive
 # gathers from the winners, and the gather's derivative scatters again: two primitives whose pullbacks call each
 # other, so max pooling differentiates to any order (the winners stay fixed, as for any piecewise-linear function).
 
+@functools.lru_cache(maxsize=1024)                  # the same few slices every step: made once
 def _at(k, geometry):
     "The pixel at position k (row by row) of every window: one strided slice of the padded image."
     _, _, _, (ph, pw), (sh, sw), (oh, ow) = geometry
@@ -232,11 +233,14 @@ def _pool_scatter_value(g, *, winner, geometry):
     "Each output's cotangent `g` sent to the pixel that won its window."
     shape, ((top, _), (left, _)), padded_shape, (ph, pw), (sh, sw), _ = geometry
     dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
-    finite = type(g) is np.ndarray and np.isfinite(g).all()    # then a product, faster on the host than np.where,
-    def sent(k): return (winner == k) * g if finite else np.where(winner == k, g, 0)   # which keeps 0 * inf off the losers
+    # All finite (a sum is finite only if every term is; one that overflows takes the safe path): then a product,
+    # faster on the host than np.where, which keeps 0 * inf off the losers
+    finite = type(g) is np.ndarray and math.isfinite(g.sum())
+    apart = sh >= ph and sw >= pw                       # windows apart: a pixel is in one at most
     for k in range(ph * pw):                            # position k of every window at once: a strided slice of dx
-        if sh >= ph and sw >= pw: dx[_at(k, geometry)] = sent(k)      # windows apart: a pixel is in one at most
-        else: dx[_at(k, geometry)] += sent(k)                         # overlapping: a pixel's wins add up
+        sent = (winner == k) * g if finite else np.where(winner == k, g, 0)
+        if apart: dx[_at(k, geometry)] = sent
+        else: dx[_at(k, geometry)] += sent              # overlapping: a pixel's wins add up
     return dx[:, top:top + shape[1], left:left + shape[2]]
 
 def _pool_gather_value(x, *, winner, geometry):

@@ -632,6 +632,7 @@ def _set_tapes(before, after):
     """Move the count of tapes in use from `before` to `after`: the first pauses full collections, the last restores
     them (restore first, then count). Running it twice does no more than once."""
     global _collector_users, _collector_saved
+    if before and after: _collector_users = after; return     # a tape inside another (a gradient's pullback): no change
     t0, t1, t2 = gc.get_threshold()
     if before == 0 and after > 0 and t2 != _PAUSED:
         _collector_saved = t2; gc.set_threshold(t0, t1, _PAUSED)
