@@ -496,9 +496,11 @@ def stack_vwc(*xs, axis=0):
 def where_vwc(cond, x, y):
     "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond
-    # the chains select with the mask, never multiply by it: an infinite g times 0 would be NaN, not 0
-    return np.where(cond, x, y), (None, lambda g: unbroadcast(_select(cond, g), np.shape(x)),
-                                        lambda g: unbroadcast(_select(~cond, g), np.shape(y)))
+    # the chains select with the mask, never multiply by it: an infinite g times 0 would be NaN, not 0; they keep
+    # the mask and the shapes, not x and y
+    sx, sy = np.shape(x), np.shape(y)
+    return np.where(cond, x, y), (None, lambda g: unbroadcast(_select(cond, g), sx),
+                                        lambda g: unbroadcast(_select(~cond, g), sy))
 
 @defvwc(np.clip, unary=True)
 def clip_vwc(x, *, a_min, a_max):
