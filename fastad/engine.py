@@ -624,19 +624,20 @@ Traced.__imatmul__ = _in_place('@=', Traced.__matmul__)
 
 
 # %% ../nbs/03b_engine.ipynb #e8ba8422
-_PAUSED = 1 << 30                 # the oldest generation's threshold while a tape is in use: never reached
 _collector_lock = threading.Lock()
-_collector_users, _collector_saved = 0, None
+_collector_users, _collector_was_on = 0, None
 
 def _set_tapes(before, after):
-    """Move the count of tapes in use from `before` to `after`: the first pauses full collections, the last restores
-    them (restore first, then count). Running it twice does no more than once."""
-    global _collector_users, _collector_saved
+    """Move the count of tapes in use from `before` to `after`: the first turns the collector's automatic collections
+    off, the last turns them back on if they were on (restore first, then count). Running it twice does no more than once."""
+    global _collector_users, _collector_was_on
     if before and after: _collector_users = after; return     # a tape inside another (a gradient's pullback): no change
-    t0, t1, t2 = gc.get_threshold()
-    if before == 0 and after > 0 and t2 != _PAUSED:
-        _collector_saved = t2; gc.set_threshold(t0, t1, _PAUSED)
-    if after == 0 and t2 == _PAUSED: gc.set_threshold(t0, t1, _collector_saved)   # else the user's own setting stands
+    if after:                                                 # the first tape
+        if _collector_was_on is None: _collector_was_on = gc.isenabled()
+        gc.disable()
+    else:                                                     # the last one
+        if _collector_was_on: gc.enable()                     # (your code turned it on meanwhile: it stays on)
+        _collector_was_on = None
     _collector_users = after
 
 def _count_tapes(change):
@@ -649,7 +650,7 @@ def _count_tapes(change):
         raise
 
 class full_collections_paused:
-    "Context manager: the collector's full collections wait while a tape is recorded or swept; young ones still run."
+    "Context manager: the collector's automatic collections, young and full, wait while a tape is recorded or swept."
     # One statement each: nothing runs after the count changes, so no interrupt can land between the two.
     def __enter__(self):
         with _collector_lock: return _count_tapes(+1) or self
