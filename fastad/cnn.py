@@ -8,7 +8,7 @@ __all__ = ['PADDINGS', 'conv2d', 'max_pool2d', 'softmax_cross_entropy', 'windows
            'applied_for_backpropagation']
 
 # %% ../nbs/05a_cnn_layers.ipynb #dcea83f0
-import math, numbers
+import functools, math, numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, default_rng, get_backend, is_array, zeros
@@ -162,12 +162,12 @@ def _conv_dfilter_vwc(x, g, *, size, strides, amounts):
         lambda k: _conv_dx(g, k, shape=shape, strides=strides, amounts=amounts),
         lambda k: _conv(x, k, strides=strides, amounts=amounts))
 
-_conv = Primitive('conv2d', _conv_vwc, forward=_conv_value)
-_conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value)
-_conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value)
+_conv = Primitive('conv2d', _conv_vwc, forward=_conv_value, keeps=('x', 'filter'))
+_conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value, keeps=('g', 'filter'))
+_conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value, keeps=('x', 'g'))
 
 # %% ../nbs/05a_cnn_layers.ipynb #e52f2fs2
-@defvwc(name='conv2d')
+@defvwc(name='conv2d', keeps=('x', 'filter'))
 def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
     "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
     strides, amounts = _conv_setup('conv2d', x, filter, strides, padding)
@@ -188,7 +188,7 @@ def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
 conv2d = conv2d_vwc.primitive
 
 # %% ../nbs/05a_cnn_layers.ipynb #05ed11a6
-@defvwc(name='max_pool2d', unary=True)
+@defvwc(name='max_pool2d', unary=True, keeps=())    # its winners, which are its own
 def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
     "The largest value of each `pool_size` window of NHWC `x`, windows `strides` apart."
     op = 'max_pool2d'
@@ -221,6 +221,7 @@ max_pool2d = max_pool2d_vwc.primitive
 # gathers from the winners, and the gather's derivative scatters again: two primitives whose pullbacks call each
 # other, so max pooling differentiates to any order (the winners stay fixed, as for any piecewise-linear function).
 
+@functools.lru_cache(maxsize=1024)                  # the same few slices every step: made once
 def _at(k, geometry):
     "The pixel at position k (row by row) of every window: one strided slice of the padded image."
     _, _, _, (ph, pw), (sh, sw), (oh, ow) = geometry
@@ -232,11 +233,14 @@ def _pool_scatter_value(g, *, winner, geometry):
     "Each output's cotangent `g` sent to the pixel that won its window."
     shape, ((top, _), (left, _)), padded_shape, (ph, pw), (sh, sw), _ = geometry
     dx = array_module(g).zeros(padded_shape, dtype=g.dtype)
-    finite = type(g) is np.ndarray and np.isfinite(g).all()    # then a product, faster on the host than np.where,
-    def sent(k): return (winner == k) * g if finite else np.where(winner == k, g, 0)   # which keeps 0 * inf off the losers
+    # All finite (a sum is finite only if every term is; one that overflows takes the safe path): then a product,
+    # faster on the host than np.where, which keeps 0 * inf off the losers
+    finite = type(g) is np.ndarray and math.isfinite(g.sum())
+    apart = sh >= ph and sw >= pw                       # windows apart: a pixel is in one at most
     for k in range(ph * pw):                            # position k of every window at once: a strided slice of dx
-        if sh >= ph and sw >= pw: dx[_at(k, geometry)] = sent(k)      # windows apart: a pixel is in one at most
-        else: dx[_at(k, geometry)] += sent(k)                         # overlapping: a pixel's wins add up
+        sent = (winner == k) * g if finite else np.where(winner == k, g, 0)
+        if apart: dx[_at(k, geometry)] = sent
+        else: dx[_at(k, geometry)] += sent              # overlapping: a pixel's wins add up
     return dx[:, top:top + shape[1], left:left + shape[2]]
 
 def _pool_gather_value(x, *, winner, geometry):
@@ -253,8 +257,10 @@ def _pool_scatter_vwc(g, *, winner, geometry):
 def _pool_gather_vwc(x, *, winner, geometry):
     return _pool_gather(x, winner=winner, geometry=geometry), lambda g: _pool_scatter(g, winner=winner, geometry=geometry)
 
-_pool_scatter = Primitive('max_pool2d_scatter', _pool_scatter_vwc, unary=True, forward=_pool_scatter_value)
-_pool_gather = Primitive('max_pool2d_gather', _pool_gather_vwc, unary=True, forward=_pool_gather_value)
+_pool_scatter = Primitive('max_pool2d_scatter', _pool_scatter_vwc, unary=True, forward=_pool_scatter_value,
+                          keeps=('winner',))
+_pool_gather = Primitive('max_pool2d_gather', _pool_gather_vwc, unary=True, forward=_pool_gather_value,
+                         keeps=('winner',))
 
 # %% ../nbs/05a_cnn_layers.ipynb #79212a39
 def _check_labels(op, logits, labels):
@@ -272,7 +278,7 @@ def _check_labels(op, logits, labels):
         raise ArgumentError(f"{op}: labels must lie in 0..{k - 1} for {k} classes, got values from "
                             f"{int(labels.min())} to {int(labels.max())}")
 
-@defvwc(name='softmax_cross_entropy')
+@defvwc(name='softmax_cross_entropy', keeps=('labels',))
 def softmax_cross_entropy_vwc(logits, labels):
     "Mean over the batch of -log softmax(logits)[label], for integer labels; stable for any logits."
     _check_labels('softmax_cross_entropy', logits, labels)

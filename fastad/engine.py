@@ -97,9 +97,11 @@ def apply(prim, args, kwargs=_NO_KWARGS):
             if shape != _shape(ans): chain = _unbroadcasting(chain, shape)
         parents.append((a.idx, chain))
     if top.locks is not None:                         # a user's array that a chain keeps must not change under it
-        for a in args:
-            if type(a) is np.ndarray and any(_keeps(c, a) for c in chains if c is not None): lock(top, a, prim.name)
-        if kwargs: _lock_kept(top, prim.name, kwargs, chains)
+        if prim.kept is not None: _lock_declared(top, prim, args, kwargs)     # the rule says which (`keeps=`)
+        else:                                                                 # a custom rule: look into its chains
+            for a in args:
+                if type(a) is np.ndarray and any(_keeps(c, a) for c in chains if c is not None): lock(top, a, prim.name)
+            if kwargs: _lock_kept(top, prim.name, kwargs, chains)
     if top.written: _refuse_written(top, prim.name, args)
     if type(ans) is np.ndarray and ans.base is not None: _note_view(top, ans)
     if _logging: _record('forward', prim.name)
@@ -110,7 +112,9 @@ def _apply_one(prim, x, kwargs):
     trace = x._trace
     if not trace.active: raise _used_after_its_transform()
     ans, chain = prim.vwc(x.value, **kwargs) if kwargs else prim.vwc(x.value)
-    if kwargs and trace.locks is not None: _lock_kept(trace, prim.name, kwargs, (chain,))   # x[idx]: idx is kept
+    if kwargs and trace.locks is not None:            # x[idx]: idx is kept
+        if prim.kept is None: _lock_kept(trace, prim.name, kwargs, (chain,))
+        elif prim.kept: _lock_declared(trace, prim, (x,), kwargs)
     if type(ans) is np.ndarray and (ans.base is not None or ans is x.value): _note_view(trace, ans)   # x[:1], x.T
     if _logging: _record('forward', prim.name)
     t = Traced.__new__(Traced)                        # _new, inlined
@@ -525,25 +529,36 @@ def lock(trace, a, name):
     """Make the user's array `a` read-only, and the array owning its memory, because `trace`'s primitive `name`
     keeps it, until `release(trace)`. Counted per array across traces and threads; an array the user made read-only
     is left as it is, and stays so."""
-    if id(a) in trace.locks: return                   # the same buffer in every iteration of a loop: once
-    with _locked_lock: _lock_held(trace.locks, a, name)
+    locks = trace.locks
+    if id(a) in locks: return                         # the same buffer in every iteration of a loop: once
+    with _locked_lock: _lock_held(locks, a, name)
 
 def _lock_held(locks, a, name):
     "`lock`, with `_locked_lock` held."
-    root = a if a.base is None else _root(a)
-    view = None if a is root else weakref.ref(a)      # made first: between reading an entry and counting in it,
+    if a.base is None:                                # an array owning its memory (a model's weights, a batch):
+        entry = _locked.get(id(a))                    # the usual case, with no view to note
+        if entry is None:
+            if not a.flags.writeable: locks[id(a)] = (a, None); return    # the user's own read-only array
+            a.setflags(write=False)
+            _locked[id(a)] = [a, 1, None]
+        else: entry[1] += 1
+        locks[id(a)] = (a, name)
+        return
+    root = _root(a)
+    view = weakref.ref(a)                             # made first: between reading an entry and counting in it,
     entry = _locked.get(id(root))                     # nothing allocates, so no collection releases it meanwhile
     if entry is None:
         if not root.flags.writeable:                  # the user's own read-only array: theirs to keep (a view's flag,
             locks[id(a)] = (a, None); return          # made writeable before, could not be given back: not taken)
         root.setflags(write=False)                    # setflags: a third cheaper than flags.writeable = ...
-        entry = _locked[id(root)] = [root, 0, {}]     # (no other trace holds root: a collection here is harmless)
+        entry = _locked[id(root)] = [root, 0, None]   # (no other trace holds root: a collection here is harmless)
     if id(root) not in locks:
         entry[1] += 1; locks[id(root)] = (root, name)
-    if view is not None:
-        if a.flags.writeable:                         # flags are per array object: a view has its own
-            a.setflags(write=False); entry[2][id(a)] = view
-        locks[id(a)] = (a, name)
+    if a.flags.writeable:                             # flags are per array object: a view has its own
+        a.setflags(write=False)
+        if entry[2] is None: entry[2] = {}
+        entry[2][id(a)] = view
+    locks[id(a)] = (a, name)
 
 def lock_arguments(trace, arrays):
     """Lock the arguments being differentiated (their chains read them, as `np.sin(x)`'s reads x), and note those
@@ -566,13 +581,24 @@ def release(trace):
         for arr, _ in locks.values():
             entry = _locked.get(id(arr))
             if entry is None or entry[0] is not arr: continue    # a view, or the user's read-only array
-            entry[1] -= 1
-            if entry[1]: continue                     # another trace still reads it
+            if entry[1] > 1: entry[1] -= 1; continue  # another trace still reads it
             del _locked[id(arr)]
             arr.setflags(write=True)
+            if entry[2] is None: continue             # no view of it was flagged
             for ref in list(entry[2].values()):
                 view = ref()
                 if view is not None: view.setflags(write=True)
+
+def _lock_declared(trace, prim, args, kwargs):
+    "Lock the user's arrays among `args` and `kwargs` that `prim` says its chains keep (`Primitive.keeps`): no walk."
+    n = len(args)
+    for i, name in prim.kept:
+        a = args[i] if i is not None and i < n else kwargs.get(name)
+        kind = type(a)
+        if kind is _ndarray: lock(trace, a, prim.name)
+        elif kind is tuple or kind is list:           # x[i, j]: a tuple of index arrays
+            for b in a:
+                if type(b) is _ndarray: lock(trace, b, prim.name)
 
 def _lock_kept(trace, name, kwargs, chains):
     "Lock the arrays among keyword arguments (`index=` of `x[idx]`, a tuple of them, `weights=`) that a chain keeps."
@@ -671,18 +697,20 @@ Traced.__imatmul__ = _in_place('@=', Traced.__matmul__)
 
 
 # %% ../nbs/03b_engine.ipynb #e8ba8422
-_PAUSED = 1 << 30                 # the oldest generation's threshold while a tape is in use: never reached
 _collector_lock = threading.Lock()
-_collector_users, _collector_saved = 0, None
+_collector_users, _collector_was_on = 0, None
 
 def _set_tapes(before, after):
-    """Move the count of tapes in use from `before` to `after`: the first pauses full collections, the last restores
-    them (restore first, then count). Running it twice does no more than once."""
-    global _collector_users, _collector_saved
-    t0, t1, t2 = gc.get_threshold()
-    if before == 0 and after > 0 and t2 != _PAUSED:
-        _collector_saved = t2; gc.set_threshold(t0, t1, _PAUSED)
-    if after == 0 and t2 == _PAUSED: gc.set_threshold(t0, t1, _collector_saved)   # else the user's own setting stands
+    """Move the count of tapes in use from `before` to `after`: the first turns the collector's automatic collections
+    off, the last turns them back on if they were on (restore first, then count). Running it twice does no more than once."""
+    global _collector_users, _collector_was_on
+    if before and after: _collector_users = after; return     # a tape inside another (a gradient's pullback): no change
+    if after:                                                 # the first tape
+        if _collector_was_on is None: _collector_was_on = gc.isenabled()
+        gc.disable()
+    else:                                                     # the last one
+        if _collector_was_on: gc.enable()                     # (your code turned it on meanwhile: it stays on)
+        _collector_was_on = None
     _collector_users = after
 
 def _count_tapes(change):
@@ -695,7 +723,7 @@ def _count_tapes(change):
         raise
 
 class full_collections_paused:
-    "Context manager: the collector's full collections wait while a tape is recorded or swept; young ones still run."
+    "Context manager: the collector's automatic collections, young and full, wait while a tape is recorded or swept."
     # One statement each: nothing runs after the count changes, so no interrupt can land between the two.
     def __enter__(self):
         with _collector_lock: return _count_tapes(+1) or self

@@ -14,7 +14,7 @@ __all__ = ['CONTEXT_RULES', 'REGISTRY', 'scatter_add', 'relu', 'logsumexp', 'log
            'log_softmax_vwc']
 
 # %% ../nbs/03a_primitives.ipynb #9aad28b4
-import operator
+import inspect, operator
 from contextvars import ContextVar
 import numpy as np
 from .backend import array_module
@@ -23,20 +23,34 @@ from .errors import DifferentiationError, NoDerivativeError
 # %% ../nbs/03a_primitives.ipynb #aca7407e
 class Primitive:
     """A differentiable operation: a name, its VWC, and whether it broadcasts its inputs elementwise.
+    `keeps` names the VWC's arguments that its chains read in the backward pass (`multiply` keeps `x` and `y`,
+    `add` nothing): the engine locks those that are the user's arrays (lesson 03b). None: not declared, and the
+    engine looks into the chains' closures instead (a custom rule).
     Calling it computes the value; an argument whose type defines `__fastad_primitive__` (the engine's
     traced value) takes the call over, as `__array_function__` does for NumPy functions."""
-    def __init__(self, name, vwc, unary=False, broadcasts=False, forward=None):
+    def __init__(self, name, vwc, unary=False, broadcasts=False, forward=None, keeps=None):
         self.name, self.vwc, self.unary, self.broadcasts, self.forward = name, vwc, unary, broadcasts, forward
+        self.keeps, self.kept = keeps, None if keeps is None else _positions(name, vwc, keeps)
         self.__name__, self.__doc__ = name, vwc.__doc__
     def __call__(self, *args, **kwargs):
         if self.unary and len(args) != 1:
             raise DifferentiationError(f"{self.name} takes one array, and the rest by keyword: {self.name}(x, axis=0), "
                                        f"say; got {len(args)} positional arguments")
         for a in args:
-            handler = getattr(type(a), '__fastad_primitive__', None)
+            kind = type(a)
+            if kind is np.ndarray or kind is float: continue    # the usual plain values: no handler to look up
+            handler = getattr(kind, '__fastad_primitive__', None)
             if handler is not None: return handler(self, args, kwargs)
         return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
     def __repr__(self): return f"Primitive({self.name!r})"
+
+def _positions(name, vwc, keeps):
+    "`(position, name)` of each argument of `vwc` named in `keeps` (position None: keyword-only)."
+    params = inspect.signature(vwc).parameters
+    positional = [p for p, v in params.items() if v.kind in (v.POSITIONAL_ONLY, v.POSITIONAL_OR_KEYWORD)]
+    missing = [k for k in keeps if k not in params]
+    if missing: raise DifferentiationError(f"{name}: keeps names {missing}, which are not arguments of its VWC")
+    return tuple((positional.index(k) if k in positional else None, k) for k in keeps)
 
 
 
@@ -118,10 +132,10 @@ def register_adapters(table, refused=False):
     "`register(f, adapt=a)` for each `f: a` of `table`: a block of adapters, written as a dict."
     for f, a in table.items(): register(f, adapt=a, refused=refused)
 
-def defvwc(*fns, name=None, unary=False, broadcasts=False, adapt=None):
+def defvwc(*fns, name=None, unary=False, broadcasts=False, adapt=None, keeps=None):
     "Decorator: make the VWC a `Primitive` (as `vwc.primitive`), registered for the NumPy callables `fns`."
     def decorate(vwc):
-        p = Primitive(name or vwc.__name__.removesuffix('_vwc'), vwc, unary, broadcasts)
+        p = Primitive(name or vwc.__name__.removesuffix('_vwc'), vwc, unary, broadcasts, keeps=keeps)
         register(*fns, primitive=p, adapt=adapt)
         vwc.primitive = p
         return vwc
@@ -146,28 +160,28 @@ def unbroadcast(g, shape):
     return np.reshape(np.sum(g, axis=axes), shape)
 
 # %% ../nbs/03a_primitives.ipynb #a485fe24
-@defvwc(np.add, broadcasts=True)
+@defvwc(np.add, broadcasts=True, keeps=())
 def add_vwc(x, y):
     "x + y: the cotangent passes to both unchanged."
     return x + y, (lambda g: g, lambda g: g)
 
-@defvwc(np.subtract, broadcasts=True)
+@defvwc(np.subtract, broadcasts=True, keeps=())
 def subtract_vwc(x, y):
     "x - y: the cotangent passes to x, negated to y."
     return x - y, (lambda g: g, lambda g: -g)
 
-@defvwc(np.multiply, broadcasts=True)
+@defvwc(np.multiply, broadcasts=True, keeps=('x', 'y'))
 def multiply_vwc(x, y):
     "x * y: each factor's cotangent is g times the other factor."
     return x * y, (lambda g: g * y, lambda g: g * x)
 
-@defvwc(np.true_divide, broadcasts=True)
+@defvwc(np.true_divide, broadcasts=True, keeps=('y',))     # and its result
 def divide_vwc(x, y):
     "x / y: g / y for x, -g x / y² for y."
     ans = x / y
     return ans, (lambda g: g / y, lambda g: -g * ans / y)
 
-@defvwc(np.power, broadcasts=True)
+@defvwc(np.power, broadcasts=True, keeps=('x', 'y'))
 def power_vwc(x, y):
     "x ** y: g y x^(y-1) for x, g x^y log x for y (where x > 0)."
     ans = x ** y
@@ -227,13 +241,13 @@ def _shared_chains(twice, half):
     "x's chain gives g·twice/2 where twice > 0, y's g·(2 - twice)/2 where twice < 2; 0 elsewhere, selected."
     return (lambda g: np.where(twice > 0, g * twice * half, 0)), (lambda g: np.where(twice < 2, g * (2 - twice) * half, 0))
 
-@defvwc(np.maximum, broadcasts=True)
+@defvwc(np.maximum, broadcasts=True, keeps=())      # masks only
 def maximum_vwc(x, y):
     "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
     ans = np.maximum(x, y)
     return ans, _choice_chains(x > y, x == y, ans)
 
-@defvwc(np.minimum, broadcasts=True)
+@defvwc(np.minimum, broadcasts=True, keeps=())
 def minimum_vwc(x, y):
     "Elementwise minimum; a tie splits the cotangent ½/½ between x and y."
     ans = np.minimum(x, y)
@@ -310,7 +324,7 @@ def _product(a, b):
     "`a @ b` for (stacks of) matrices; with an inner dimension of 1, an outer product, by broadcasting: BLAS is slower at it."
     return a * b if np.shape(a)[-1] == 1 else np.matmul(a, b)
 
-@defvwc(np.matmul)
+@defvwc(np.matmul, keeps=('x', 'y'))
 def matmul_vwc(x, y):
     "x @ y (vectors, matrices, stacks): g @ yᵀ for x, xᵀ @ g for y."
     # a list on one side (`[1., 2.] @ x`) becomes an array of the other side's kind, so that the chains can index it
@@ -656,13 +670,15 @@ def stack_vwc(*xs, axis=0):
     return np.stack(xs, axis=axis), tuple(chain(i) for i in range(len(xs)))
 
 # %% ../nbs/03a_primitives.ipynb #5d8be29c
-@defvwc(np.where)
+@defvwc(np.where, keeps=('cond',))
 def where_vwc(cond, x, y):
     "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond
-    # the chains select with the mask, never multiply by it: an infinite g times 0 would be NaN, not 0
-    return np.where(cond, x, y), (None, lambda g: unbroadcast(_select(cond, g), np.shape(x)),
-                                        lambda g: unbroadcast(_select(~cond, g), np.shape(y)))
+    # the chains select with the mask, never multiply by it: an infinite g times 0 would be NaN, not 0; they keep
+    # the mask and the shapes, not x and y
+    sx, sy = np.shape(x), np.shape(y)
+    return np.where(cond, x, y), (None, lambda g: unbroadcast(_select(cond, g), sx),
+                                        lambda g: unbroadcast(_select(~cond, g), sy))
 
 @defvwc(np.clip, unary=True)
 def clip_vwc(x, *, a_min, a_max):

@@ -1,25 +1,25 @@
-"""The engine holds the collector's full collections back while a tape is recorded or swept, and puts the
-settings back afterwards: after errors, nested transforms, several threads, and changes the user made meanwhile."""
+"""The engine turns the collector's automatic collections off while a tape is recorded or swept, and back on
+afterwards: after errors, nested transforms, several threads; the thresholds and changes the user made meanwhile stand."""
 import gc, threading
 import numpy as np
 import pytest
 import fastad as fd
-from fastad.engine import full_collections_paused, _PAUSED
+from fastad.engine import full_collections_paused
 
 @pytest.fixture(autouse=True)
 def collector_settings():
     before = gc.get_threshold()
     yield before
     gc.set_threshold(*before)
+    gc.enable()
 
 def test_paused_while_recording_and_sweeping_then_restored(collector_settings):
     seen = []
     def f(x):
-        seen.append(gc.get_threshold())
+        seen.append((gc.isenabled(), gc.get_threshold()))
         return np.sin(x) * 2.0
     fd.value_with_gradient(f, 0.3)
-    t0, t1, _ = collector_settings
-    assert seen == [(t0, t1, _PAUSED)]            # young collections keep their thresholds
+    assert seen == [(False, collector_settings)]  # off, its thresholds untouched
     assert gc.get_threshold() == collector_settings
     assert gc.isenabled()
 
@@ -27,36 +27,46 @@ def test_a_later_pullback_pauses_its_sweep():
     seen = []
     def cube_vjp(x):
         def pullback(g):
-            seen.append(gc.get_threshold()[2])
+            seen.append(gc.isenabled())
             return 3 * x ** 2 * g
         return x ** 3, pullback
     cube = fd.differentiable_function(cube_vjp, name='cube')
     value, pb = fd.value_with_pullback(cube, 2.0)
-    assert gc.get_threshold()[2] != _PAUSED        # between the passes, the collector is as it was
+    assert gc.isenabled()                         # between the passes, the collector is as it was
     assert pb(1.0) == pytest.approx(12.0)
-    assert seen == [_PAUSED]
+    assert seen == [False]
 
 def test_restored_after_an_error_in_the_function(collector_settings):
     def f(x): raise ValueError("boom")
     with pytest.raises(ValueError, match="boom"): fd.gradient(f, 1.0)
-    assert gc.get_threshold() == collector_settings
+    assert gc.get_threshold() == collector_settings and gc.isenabled()
 
 def test_nested_transforms_restore_once_at_the_outermost(collector_settings):
     inner = []
     def f(x):
         g = fd.gradient(lambda y: y ** 3, x)
-        inner.append(gc.get_threshold()[2])       # still paused after the inner transform returned
+        inner.append(gc.isenabled())              # still paused after the inner transform returned
         return g
     assert fd.gradient(f, 2.0) == pytest.approx(12.0)
-    assert inner == [_PAUSED]
-    assert gc.get_threshold() == collector_settings
+    assert inner == [False]
+    assert gc.get_threshold() == collector_settings and gc.isenabled()
 
 def test_the_users_own_change_stands(collector_settings):
     def f(x):
         gc.set_threshold(500, 5, 7)               # the user's code tunes the collector in the middle
         return x * x
     fd.gradient(f, 1.0)
-    assert gc.get_threshold() == (500, 5, 7)
+    assert gc.get_threshold() == (500, 5, 7) and gc.isenabled()
+
+def test_a_collector_the_user_turned_off_stays_off():
+    gc.disable()
+    fd.gradient(lambda x: np.sin(x), 1.0)
+    assert not gc.isenabled()
+    def f(x):
+        gc.enable()                               # turned on by the user's code: it stays on
+        return x * x
+    fd.gradient(f, 1.0)
+    assert gc.isenabled()
 
 def test_many_threads_leave_the_settings_as_they_found_them(collector_settings):
     errors = []
@@ -68,14 +78,14 @@ def test_many_threads_leave_the_settings_as_they_found_them(collector_settings):
     for t in threads: t.start()
     for t in threads: t.join()
     assert not errors
-    assert gc.get_threshold() == collector_settings
+    assert gc.get_threshold() == collector_settings and gc.isenabled()
 
 def test_the_context_manager_alone_nests():
     before = gc.get_threshold()
     with full_collections_paused():
-        with full_collections_paused(): assert gc.get_threshold()[2] == _PAUSED
-        assert gc.get_threshold()[2] == _PAUSED
-    assert gc.get_threshold() == before
+        with full_collections_paused(): assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.get_threshold() == before and gc.isenabled()
 
 def test_young_garbage_is_still_collected_while_recording():
     import weakref

@@ -1,0 +1,133 @@
+"""What a primitive's chains keep, declared where the rule is written (`keeps=`), and the locks the engine takes from it.
+
+The engine locks the user's arrays that a pullback reads. A rule that declares `keeps` is trusted, with no look into
+its closures; these tests hold every declaration against that look (`engine._keeps`, still used for custom rules)."""
+import gc
+import numpy as np
+import pytest
+import fastad as fd
+from fastad import cnn, engine, primitives as P
+from fastad.errors import DifferentiationError
+
+rng = np.random.default_rng(0)
+A, B = rng.uniform(0.5, 2, (3, 4)), rng.uniform(0.5, 2, (3, 4))
+X, F, BIAS = rng.standard_normal((2, 6, 6, 3)), rng.standard_normal((3, 3, 3, 4)), rng.standard_normal(4)
+LOGITS, LABELS = rng.standard_normal((5, 3)), np.array([0, 2, 1, 1, 0])
+G = rng.standard_normal((2, 4, 4, 4))
+GEOMETRY = ((2, 6, 6, 3), ((0, 0), (0, 0)), (2, 6, 6, 3), (2, 2), (2, 2), (3, 3))
+
+DECLARED = [   # (primitive, positional arguments, keyword arguments): every rule that declares keeps=
+    (P.add_vwc.primitive, (A, B), {}), (P.subtract_vwc.primitive, (A, B), {}),
+    (P.multiply_vwc.primitive, (A, B), {}), (P.divide_vwc.primitive, (A, B), {}),
+    (P.power_vwc.primitive, (A, B), {}), (P.maximum_vwc.primitive, (A, B), {}),
+    (P.minimum_vwc.primitive, (A, B), {}), (P.matmul_vwc.primitive, (A, B.T), {}),
+    (P.where_vwc.primitive, (A > 1, A, B), {}),
+    (cnn.conv2d, (X, F, BIAS), {}), (cnn._conv, (X, F), dict(strides=(1, 1), amounts=((0, 0), (0, 0)))),
+    (cnn._conv_dx, (G, F), dict(shape=X.shape, strides=(1, 1), amounts=((0, 0), (0, 0)))),
+    (cnn._conv_dfilter, (X, G), dict(size=(3, 3), strides=(1, 1), amounts=((0, 0), (0, 0)))),
+    (cnn.max_pool2d, (X,), {}), (cnn.softmax_cross_entropy, (LOGITS, LABELS), {}),
+    (cnn._pool_scatter, (rng.standard_normal((2, 3, 3, 3)),), dict(winner=np.zeros((2, 3, 3, 3), np.uint8), geometry=GEOMETRY)),
+    (cnn._pool_gather, (X,), dict(winner=np.zeros((2, 3, 3, 3), np.uint8), geometry=GEOMETRY))]
+
+@pytest.mark.parametrize("prim, args, kwargs", DECLARED, ids=[p.name for p, _, _ in DECLARED])
+def test_a_declaration_names_every_array_its_chains_keep(prim, args, kwargs):
+    assert prim.keeps is not None
+    _, chains = prim.vwc(*args, **kwargs)
+    chains = chains if isinstance(chains, tuple) else (chains,)
+    names = list(prim.vwc.__code__.co_varnames[:prim.vwc.__code__.co_argcount + prim.vwc.__code__.co_kwonlyargcount])
+    given = dict(zip(names, args)) | kwargs
+    kept = {n for n, a in given.items() if type(a) is np.ndarray and any(engine._keeps(c, a) for c in chains if c is not None)}
+    assert kept <= set(prim.keeps), f"{prim.name}: its chains keep {sorted(kept)}, it declares {prim.keeps}"
+
+def test_keeps_must_name_arguments_of_the_vwc():
+    def twice_vwc(x): return 2 * x, lambda g: 2 * g
+    with pytest.raises(DifferentiationError, match=r"twice: keeps names \['y'\]"):
+        P.Primitive('twice', twice_vwc, keeps=('y',))
+    assert P.Primitive('twice', twice_vwc, keeps=()).kept == ()
+
+def test_a_declared_argument_passed_by_keyword_is_locked_too():
+    labels = LABELS.copy()
+    def f(logits):
+        loss = cnn.softmax_cross_entropy(logits, labels=labels)
+        labels[0] = 2                                 # dlogits reads labels in the backward pass
+        return loss
+    with pytest.raises(DifferentiationError, match="passed to softmax_cross_entropy"):
+        fd.gradient(f, LOGITS)
+    assert labels.flags.writeable and labels[0] == 0
+
+def test_the_batch_of_a_convolution_is_locked_its_bias_is_not():
+    x, seen = X.copy(), []
+    def f(filter, bias):
+        y = cnn.conv2d(x, filter, bias)
+        seen.append(x.flags.writeable)                # the filter's cotangent is rebuilt from x: locked
+        return y.sum()
+    fd.gradient(f, F, BIAS)
+    assert seen == [False] and x.flags.writeable
+
+def test_a_custom_rule_is_still_looked_into():
+    buf = np.array([1., 2., 3.])
+    def scale_vwc(x, s): return x * s, (lambda g: g * s, None)
+    scale = P.Primitive('scale', scale_vwc)           # no keeps=: the engine looks into its chains
+    assert scale.kept is None
+    def f(x):
+        y = scale(x, buf)
+        buf[0] = 7.
+        return y.sum()
+    with pytest.raises(DifferentiationError, match="passed to scale"):
+        fd.gradient(f, np.ones(3))
+    assert buf.flags.writeable
+
+def test_steps_leave_no_lock_behind():
+    model = [fd.Conv2D(filter=F.astype(np.float32), bias=BIAS.astype(np.float32), activation=None),
+             fd.MaxPool2D(), fd.Flatten(), fd.Dense(weight=rng.standard_normal((16, 3)).astype(np.float32),
+                                                   bias=np.zeros(3, np.float32), activation=None)]
+    x = X[:, :, :, :].astype(np.float32)
+    loss = lambda m: fd.softmax_cross_entropy(fd.sequenced(x, through=m), LABELS[:2])
+    for _ in range(3): fd.value_with_gradient(loss, model)
+    gc.collect()
+    assert engine._locked == {}
+    assert all(a.flags.writeable for a in (x, model[0].filter, model[0].bias, model[3].weight, model[3].bias))
+    value, pb = fd.value_with_pullback(loss, model)
+    assert not x.flags.writeable and not model[3].weight.flags.writeable
+    del pb; gc.collect()
+    assert engine._locked == {} and x.flags.writeable
+
+
+# ---- the collector waits while a tape is in use (issue 22, point 1) ----
+
+class _Node:
+    "An object in a reference cycle, as user code makes them."
+    def __init__(self): self.other = None
+
+def test_memory_stays_flat_and_user_cycles_are_collected_over_10000_steps():
+    import tracemalloc, weakref
+    assert gc.isenabled()
+    alive = weakref.WeakSet()                         # the cycles not collected yet
+    def f(x):
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a                       # a cycle, dropped when f returns
+        alive.add(a)
+        return (np.sin(x) * x).sum()
+    x = np.ones(3)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for _ in range(1_000): fd.gradient(f, x)
+        early = tracemalloc.get_traced_memory()[0]
+        for _ in range(9_000): fd.gradient(f, x)
+        late = tracemalloc.get_traced_memory()[0]
+    finally: tracemalloc.stop()
+    assert gc.isenabled()                             # the collector is on between steps
+    assert late - early < 64 * 1024, (early, late)    # 9,000 more steps: no more memory (each cycle is ~0.3 KiB)
+    assert len(alive) < 1_000, len(alive)             # the automatic collections freed them, with no gc.collect()
+
+def test_no_automatic_collection_while_recording():
+    runs = []
+    count = lambda phase, info: runs.append(info['generation']) if phase == 'start' else None
+    def f(x):
+        for _ in range(20_000): x = np.sin(x)         # 20,000 entries: many young collections, before
+        return x
+    gc.callbacks.append(count)
+    try: fd.gradient(f, 0.3)
+    finally: gc.callbacks.remove(count)
+    assert runs == []
