@@ -367,6 +367,8 @@ class CustomFunction(Primitive):
     engine's fast path; structured ones (a model and its input, say) are flattened to their leaves, and a
     structured result (a tuple, say) is split into one traced value per output."""
     def __call__(self, *args, **kwargs):
+        if self.forward is not None and not _has_traced(args) and not (kwargs and _has_traced(kwargs)):
+            return self._plain(args, kwargs)            # a registered function on plain values: called as it was written
         if kwargs or (self.arity is not None and len(args) != self.arity): args, kwargs = self._positional(args, kwargs)
         if any(is_container(a) for a in args):
             leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)

@@ -308,3 +308,11 @@ def test_importing_fastad_imports_no_scipy_and_scipy_imported_later_is_different
     """)
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and float(out.stdout) == pytest.approx(2.0), out.stderr
+
+def test_a_registered_function_called_on_plain_values_is_not_bound_to_its_vjp():
+    "Plain values go straight to the function as written: keywords the VJP does not name, SciPy's own errors."
+    def scaled(x, *args, **kwds): return x * kwds.get('scale', 1.0)
+    with fd.derivative(of=scaled, vjp=lambda x: (x, lambda g: g)):     # a VJP narrower than the function
+        assert scaled(2.0, scale=3.0) == 6.0                         # before: "these arguments do not fit its VJP (x)"
+    with pytest.raises(TypeError):                                    # SciPy's error, not fastad's
+        special.logsumexp(np.ones(3), nonsense=1)
