@@ -383,7 +383,7 @@ def register_scipy(module):
     then differentiates those SciPy functions wherever they are called. Called when the module is imported."""
     with _registering:
         if module in REGISTRATIONS: return REGISTRATIONS[module]
-        if module != 'scipy.special': register_scipy('scipy.special')    # the formulas of the others use its ufuncs
+        if module == 'scipy.stats': register_scipy('scipy.special')      # its formulas use the special functions
         done = REGISTRATIONS[module] = []
         for path, vjp in RULES[module]:
             done.append(derivative(of=_resolve(path), vjp=vjp))
