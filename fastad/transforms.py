@@ -606,10 +606,16 @@ def registered_derivative(of):
         return redirection.stack[-1] if redirection is not None and redirection.of is of else None
 
 # %% ../nbs/03d_transforms.ipynb #rg000005
+_last_snapshot = [{}]
+
 def rules_in_force():
-    "A snapshot of the derivatives registered now (`derivative`), for `rules_restored`: {id(of): (redirection, registrations)}."
+    """A snapshot of the derivatives registered now (`derivative`), for `rules_restored`: {id(of): (redirection, registrations)}.
+    Equal snapshots are one object: each checkpoint keeps one, and with SciPy's rules in force a step's would add up."""
     if not _REDIRECTIONS: return {}          # the usual case, read without the lock
-    with _LOCK: return {k: (r, tuple(r.stack)) for k, r in _REDIRECTIONS.items()}
+    with _LOCK: snapshot = {k: (r, tuple(r.stack)) for k, r in _REDIRECTIONS.items()}
+    if snapshot == _last_snapshot[0]: return _last_snapshot[0]
+    _last_snapshot[0] = snapshot
+    return snapshot
 
 def _top(entry): return entry[1][-1] if entry else None
 
