@@ -1,6 +1,7 @@
 """What fastad's SciPy rules cost a plain call: each SciPy function on plain arrays with the rules in force (its code
 redirected through `fastad.derivative`) and without them (`unregister_scipy`), timed alternately in one process
-(medians and the median ratio). `python bench/scipy_overhead.py [rounds]`."""
+(medians and the median ratio). Each round switches the rules on or off, warms up (a switch swaps a function's code,
+and Python's specialising interpreter starts over), then times a batch of calls. `python bench/scipy_overhead.py [rounds]`."""
 import statistics, sys, time
 import numpy as np
 import fastad as fd
@@ -22,7 +23,7 @@ CALLS = {   # ufuncs (gammaln, ...) are not listed: a plain call never reaches f
     'signal.convolve(x, small)': lambda: signal.convolve(x, small),
 }
 
-def main(rounds=400):
+def main(rounds=200, batch=20):
     print(fd.__file__)
     modules = list(scipy_rules.RULES)
     seconds = {n: ([], []) for n in CALLS}              # (with the rules, without them)
@@ -33,7 +34,10 @@ def main(rounds=400):
                 for m in modules: scipy_rules.register_scipy(m)
             else: scipy_rules.unregister_scipy()
             for n, f in CALLS.items():
-                t = time.perf_counter(); f(); seconds[n][0 if with_rules else 1].append(time.perf_counter() - t)
+                for _ in range(5): f()
+                t = time.perf_counter()
+                for _ in range(batch): f()
+                seconds[n][0 if with_rules else 1].append((time.perf_counter() - t) / batch)
     for m in modules: scipy_rules.register_scipy(m)
     for n, (w, wo) in seconds.items():
         ratio = statistics.median(a / b for a, b in zip(w, wo))
