@@ -20,3 +20,4 @@ from .forward import differential, value_with_differential, jacobian, hessian, h
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential, BudgetWarning)
 from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory, drawing, forward
+from . import scipy_rules; scipy_rules.install()   # SciPy's functions, differentiated once SciPy is imported (none of it is imported here)

@@ -248,6 +248,12 @@ def _no_derivative(name, attribute=False):
         f"{name} has no derivative in fastad, and it was called on a traced value. Give it one with "
         f"@fastad.derivative(of={name}), or call it on fastad.without_derivative(x) if no gradient should flow")
 
+def _ufunc_name(ufunc):
+    "A ufunc's public name (a ufunc does not record its module): numpy.sin, or scipy.special.struve for SciPy's."
+    name, special = ufunc.__name__, sys.modules.get('scipy.special')   # looked up, never imported
+    if getattr(np, name, None) is not ufunc and getattr(special, name, None) is ufunc: return f"scipy.special.{name}"
+    return f"numpy.{name}"
+
 _UFUNC_KEYWORDS = entry(np.ufunc)   # the row whose adapter (fastad.dispatch's) handles any ufunc's keywords (dtype=, out=)
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 # NumPy converts a traced value (float(), __array__) both when user code asks for it and when user code assigns
@@ -286,7 +292,7 @@ class Traced:
             if ufunc in NONDIFFERENTIABLE: return ufunc(*unbox_all(inputs), **unbox_all(kwargs))
         elif method == 'reduce' and ufunc in _REDUCE_UFUNCS:
             return _REDUCE_UFUNCS[ufunc](*inputs, **{'axis': 0, **kwargs})    # a ufunc reduces axis 0 by default
-        raise _no_derivative(f"numpy.{ufunc.__name__}" + ('' if method == '__call__' else f".{method}"))
+        raise _no_derivative(_ufunc_name(ufunc) + ('' if method == '__call__' else f".{method}"))
 
     def __array_function__(self, func, types, args, kwargs):
         row = REGISTRY.get(func)

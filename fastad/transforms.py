@@ -330,6 +330,8 @@ class CustomFunction(Primitive):
     engine's fast path; structured ones (a model and its input, say) are flattened to their leaves; a structured
     result (a tuple, say) becomes one traced value per output, all held by one tape entry (`engine.record`)."""
     def __call__(self, *args, **kwargs):
+        if self.forward is not None and not _has_traced(args) and not (kwargs and _has_traced(kwargs)):
+            return self._plain(args, kwargs)            # a registered function on plain values: called as it was written
         if kwargs or (self.arity is not None and len(args) != self.arity): args, kwargs = self._positional(args, kwargs)
         if any(is_container(a) for a in args):
             leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
@@ -573,15 +575,20 @@ def registered_derivative(of):
         return redirection.stack[-1] if redirection is not None and redirection.of is of else None
 
 # %% ../nbs/03d_transforms.ipynb #rg000005
+_last_snapshot = [{}]
+
 def rules_in_force():
     """A snapshot of the derivatives in force in this context (`derivative`, and any a replay here put back), for
-    `rules_restored`: {id(of): (redirection, registrations)}."""
+    `rules_restored`: {id(of): (redirection, registrations)}. Equal snapshots are one object: each checkpoint keeps
+    one, and with SciPy's rules in force a step's would add up."""
     here = CONTEXT_RULES.get()
     if not _REDIRECTIONS and not here: return {}          # the usual case, read without the lock
     with _LOCK: now = {k: (r, tuple(r.stack)) for k, r in _REDIRECTIONS.items()}
     for k, rules in (here or {}).items():
         if rules is None: now.pop(k, None)
         else: now[k] = rules
+    if now == _last_snapshot[0]: return _last_snapshot[0]
+    _last_snapshot[0] = now
     return now
 
 def _top(rules): return rules[1][-1] if rules else None

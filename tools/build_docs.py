@@ -268,7 +268,7 @@ def registry():
     engine looks those up first)."""
     D, P = importlib.import_module('fastad.dispatch'), importlib.import_module('fastad.primitives')
     import numpy as np
-    supported = D.supported_functions()
+    supported = {g: ns for g, ns in D.supported_functions().items() if not g.startswith("scipy.")}   # SciPy's are listed in 03g
     listed = {n for names in supported.values() for n in names}
     registered = set(P.REGISTRY) - {np.ufunc}
     refused = sorted(n for n in map(numpy_name, registered) if n not in listed and n.startswith('numpy'))
