@@ -15,7 +15,7 @@ from .transforms import (gradient, value_with_gradient, pullback, value_with_pul
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
 from .layers import Layer, Dense, Sequential, sequenced, mse, SGD, Adam
 from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy, applied_for_backpropagation
-from .drawing import draw, tape_of, Tape
+from .drawing import draw, tape_of, TapeListing
 from .forward import differential, value_with_differential, jacobian, hessian, hessian_vector_product, ravel
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential, BudgetWarning)

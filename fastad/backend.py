@@ -12,7 +12,7 @@ __all__ = ['BACKENDS', 'to_device', 'np2', 'NUMPY_CROSSES_2_VECTORS', 'set_backe
 import contextlib, os, sys
 from contextvars import ContextVar
 import numpy as np
-from .errors import ArgumentError, BackendError
+from .errors import ArgumentError, BackendError, _is_whole
 from .tree import map_structure
 from . import strict
 
@@ -121,7 +121,7 @@ def is_array(x):
 def _shape(op, shape):
     "`shape` as a tuple of sizes, or an ArgumentError naming `op`."
     sizes = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape) if isinstance(shape, (tuple, list)) else None
-    if sizes is None or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in sizes):
+    if sizes is None or not all(_is_whole(n, least=0) for n in sizes):
         raise ArgumentError(f"{op}: shape must be a size or a tuple of sizes (whole numbers, 0 or more), got {shape!r}")
     return sizes
 

@@ -220,6 +220,7 @@ def with_recomputation_in_pullbacks(x, body, generators=()):
 # %% ../nbs/05_checkpointing.ipynb #7c138b12
 import numbers, warnings
 from fastcore.basics import patch
+from .errors import _whole_number
 from .layers import Layer, sequenced
 from .tree import nondifferentiable
 
@@ -341,8 +342,7 @@ def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
     if (segments is None) == (budget is None):
         raise ArgumentError("checkpoint_sequential: give either segments (how many) or budget (bytes), not both or neither")
     for name, v in (('segments', segments), ('budget', budget)):
-        if v is not None and (not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1):
-            raise ArgumentError(f"checkpoint_sequential: {name} must be a whole number of 1 or more, got {v!r}")
+        if v is not None: _whole_number('checkpoint_sequential', name, v)
     if segments is not None and segments > len(layers):
         raise ArgumentError(f"checkpoint_sequential: {segments} segments for {len(layers)} layers; use at most {len(layers)}")
     if not isinstance(generators, (tuple, list)):

@@ -12,7 +12,7 @@ import math, numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, default_rng, get_backend, is_array, zeros
-from .errors import ArgumentError, ShapeError
+from .errors import ArgumentError, ShapeError, _is_whole
 from .layers import Layer
 from .primitives import Primitive, defvwc
 from .engine import Traced, unbox
@@ -44,8 +44,7 @@ def _pair(op, name, value):
     if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int \
             and value[0] > 0 and value[1] > 0: return value       # already checked: a layer rebuilt for a gradient
     pair = (value, value) if isinstance(value, numbers.Integral) else tuple(value) if isinstance(value, (tuple, list)) else None
-    if pair is None or len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
-                                                 for v in pair):
+    if pair is None or len(pair) != 2 or not all(_is_whole(v) for v in pair):
         raise ArgumentError(f"{op}: {name} must be two positive whole numbers (height, width), got {value!r}")
     return tuple(int(v) for v in pair)
 
@@ -303,8 +302,7 @@ def glorot_uniform(shape, fan_in, fan_out, rng=None):
     return asarray((rng.random(shape, dtype=np.float32) * 2 - 1) * limit)
 
 def _filter_shape(shape):
-    if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and
-            all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in shape)):
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and all(_is_whole(v) for v in shape)):
         raise ArgumentError(f"Conv2D: filter_shape must be four positive whole numbers (height, width, in channels, "
                             f"out channels), got {shape!r}")
     return tuple(int(v) for v in shape)

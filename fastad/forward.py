@@ -9,10 +9,10 @@ __all__ = ['value_with_differential', 'differential', 'jacobian', 'hessian', 'he
 import numpy as np
 from .backend import array_module
 from .engine import Traced
-from .errors import DifferentiationError
+from .errors import DifferentiationError, _name
 from .tree import flatten, leaves_like, is_container
 from .transforms import (value_with_pullback, gradient, value_with_gradient, without_derivative,
-                               _differentiated, _name, _zeros_like, _value_with_pullback)
+                               _differentiated, _zeros_like, _value_with_pullback)
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00007
 def _zeros_shaped_like(value):

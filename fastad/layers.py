@@ -10,7 +10,7 @@ import dataclasses, numbers
 import numpy as np
 from fastcore.basics import patch
 from .backend import random_normal, zeros
-from .errors import ArgumentError, DifferentiationError, ShapeError
+from .errors import ArgumentError, DifferentiationError, ShapeError, _whole_number
 from .primitives import relu
 from .tree import (Differentiable, nondifferentiable, flatten, leaves_like, stores_its_fields, tree_map, is_leaf,
                          is_container, items, rebuilt, _fields_of, _derives_in_post_init)
@@ -23,11 +23,6 @@ class Layer(Differentiable):
     def __call__(self, x): return self.forward(x)
 
 # %% ../nbs/04_custom_derivatives.ipynb #f0ea6efe
-def _size(op, name, n):
-    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
-        raise ArgumentError(f"{op}: {name} must be a whole number of 1 or more, got {n!r}")
-    return int(n)
-
 @stores_its_fields                                    # given its fields, __init__ only checks them
 class Dense(Layer):
     """A fully connected layer, `x @ weight + bias`, through `activation` if one is given (`activation=fd.relu`).
@@ -39,7 +34,7 @@ class Dense(Layer):
 
     def __init__(self, input_size=None, output_size=None, activation=None, *, weight=None, bias=None, rng=None):
         if weight is None and bias is None:
-            n_in, n_out = _size('Dense', 'input_size', input_size), _size('Dense', 'output_size', output_size)
+            n_in, n_out = _whole_number('Dense', 'input_size', input_size), _whole_number('Dense', 'output_size', output_size)
             # Kaiming (He) normal, as in lesson 02: variance 2/n_in keeps ReLU activations from shrinking layer by layer
             weight = random_normal((n_in, n_out), rng=rng) * np.float32(np.sqrt(2 / n_in))
             bias = zeros(n_out, dtype=weight.dtype)

@@ -13,8 +13,8 @@ import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry
 from . import engine
-from .engine import Trace, Traced, apply, backward, unbox, full_collections_paused
-from .errors import DifferentiationError, NonScalarOutputError
+from .engine import Recording, Traced, apply, backward, unbox, full_collections_paused
+from .errors import DifferentiationError, NonScalarOutputError, _name
 from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, map_structure, _describe, _has_traced
 
 # %% ../nbs/03d_transforms.ipynb #a7e1c0d2
@@ -69,7 +69,6 @@ def _as_gradient(ct, primal, seen):
     seen.add(id(ct))
     return ct
 
-def _name(f): return getattr(f, '__name__', type(f).__name__)
 
 def _matrix(what):
     "The error for an `np.matrix` argument: its `*` is a matrix product and its reductions stay 2-d."
@@ -119,7 +118,7 @@ def _value_with_pullback(f, args, once=False):
     primals, rebuild = flatten(args, where=f'argument', arguments=True)
     for i, p in enumerate(primals):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
-    trace = Trace()
+    trace = Recording()
     trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
     engine.lock_arguments(trace, primals)             # and the arguments: `np.sin(x)`'s chain reads x
     recorded = False
