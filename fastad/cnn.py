@@ -4,8 +4,7 @@
 
 # %% auto #0
 __all__ = ['PADDINGS', 'conv2d', 'max_pool2d', 'softmax_cross_entropy', 'windows', 'pads', 'conv2d_vwc', 'max_pool2d_vwc',
-           'softmax_cross_entropy_vwc', 'identity', 'glorot_uniform', 'Conv2D', 'MaxPool2D', 'Flatten',
-           'applied_for_backpropagation']
+           'softmax_cross_entropy_vwc', 'identity', 'glorot_uniform', 'Conv2D', 'MaxPool2D', 'Flatten']
 
 # %% ../nbs/05a_cnn_layers.ipynb #dcea83f0
 import math, numbers
@@ -16,7 +15,6 @@ from .errors import ArgumentError, ShapeError, _is_whole
 from .layers import Layer
 from .primitives import Primitive, defvwc
 from .engine import Traced, unbox
-from .transforms import value_with_pullback
 from .tree import nondifferentiable, stores_its_fields
 
 # %% ../nbs/05a_cnn_layers.ipynb #5cccd779
@@ -371,12 +369,3 @@ class Flatten(Layer):
         if np.ndim(x) < 1: raise ShapeError(f"Flatten: the input needs a batch axis, got a scalar")
         shape = np.shape(x)                             # the size, not -1: NumPy cannot infer it for a batch of 0
         return x.reshape(shape[0], math.prod(shape[1:]))
-
-# %% ../nbs/05a_cnn_layers.ipynb #548dc863
-def applied_for_backpropagation(model, x):
-    "`(model(x), backprop)`: `backprop(dy)` returns `(d_model, d_x)`, the cotangents of the model and of its input."
-    if not callable(model):
-        raise ArgumentError(f"applied_for_backpropagation: model must be a layer (callable), not a {type(model).__name__}")
-    def applied(model, x): return model(x)
-    applied.__name__ = type(model).__name__
-    return value_with_pullback(applied, model, x)

@@ -92,3 +92,59 @@ def test_timed_takes_numpy_integers_and_refuses_the_rest():
     assert len(calls) == 3
     with pytest.raises(fd.ArgumentError, match=r"timed: warmup must be a whole number of 0 or more, got -1"):
         timed(print, warmup=-1)
+
+
+# ---------------------------------------------------------------- modules that say what they hold
+
+def test_layers_says_it_holds_layers_losses_and_optimizers():
+    import fastad.layers as L
+    first = L.__doc__.split('(')[0]
+    assert first.startswith('Layers, a loss and optimizers') and 'derivative' not in first
+    for name in ('Layer', 'Dense', 'Sequential', 'mse', 'SGD', 'Adam'): assert f'`{name}`' in L.__doc__
+
+
+def test_the_progress_bar_is_a_module_of_its_own_and_data_still_has_it():
+    import fastad.progress, fastad.data
+    assert fastad.progress.progress.__module__ == 'fastad.progress'
+    assert fastad.data.progress is fastad.progress.progress
+    from fastad.data import progress                              # what users wrote stays valid
+    assert list(progress(range(3), show=False)) == [0, 1, 2]
+    assert defined_in(r'^def progress\(') == ['progress'] and defined_in(r'^def _watched\(') == ['progress']
+
+
+def test_applied_for_backpropagation_is_a_transform():
+    from fastad import transforms
+    assert fd.applied_for_backpropagation is transforms.applied_for_backpropagation
+    assert defined_in(r'^def applied_for_backpropagation\(') == ['transforms']
+    import fastad.cnn as cnn
+    assert 'applied_for_backpropagation' not in cnn.__all__
+    model = fd.Dense(weight=np.array([[2.]]), bias=np.array([1.]))
+    out, backprop = fd.applied_for_backpropagation(model, np.array([[3.]]))
+    d_model, d_x = backprop(np.array([[1.]]))
+    assert (out, d_model.weight, d_model.bias, d_x) == (np.array([[7.]]), np.array([[3.]]), np.array([1.]), np.array([[2.]]))
+
+
+def test_the_layering_holds():
+    "backend -> primitives -> engine -> transforms -> layers: no module imports one above it."
+    order = ['errors', 'backend', 'primitives', 'engine', 'transforms', 'layers']
+    for i, low in enumerate(order):
+        src = sources()[low]
+        for high in order[i + 1:]:
+            assert not re.search(rf'^\s*from \.{high} import|^\s*from \. import .*\b{high}\b', src, re.M), (low, high)
+
+
+def test_the_budget_planner_is_a_module_of_its_own():
+    from fastad import planner, checkpointing
+    assert set(planner.__all__) == {'LayerCost', 'measure_layers', 'estimate', 'plan_for_budget'}
+    assert defined_in(r'^def _fronts\(|^def plan_for_budget\(|^def estimate\(|^def measure_layers\(') == ['planner']
+    assert not set(planner.__all__) & set(checkpointing.__all__)
+    for name in planner.__all__: assert getattr(checkpointing, name) is getattr(planner, name)   # old imports keep working
+    assert 'checkpointing' not in re.findall(r'^from \.(\w+) import', sources()['planner'], re.M)
+    toy = [planner.LayerCost(output=100, saved=0)] * 8
+    assert planner.plan_for_budget(toy, 500, margin=0) == [(0, 4, True), (4, 8, False)]
+
+
+def test_the_sidebar_lists_the_new_pages():
+    sidebar = (PACKAGE.parent / 'nbs' / 'sidebar.yml').read_text()
+    assert '05c_planner.ipynb' in sidebar and '00f_progress.ipynb' in sidebar
+
