@@ -36,8 +36,21 @@ def _as_dataclass(cls, now=False):
         if now: raise
         return
     if wrote_init: _WRITTEN_INIT.add(cls)
-    for name, f in written.items(): setattr(cls, name, f)
+    for name, f in written.items():
+        f.__class__ = _WrittenField                             # the same Field, which an instance reads as its value
+        setattr(cls, name, f)
     _MADE[cls] = cls.__dict__['__dataclass_params__']
+
+class _WrittenField(dataclasses.Field):
+    """A field put back on its model class. The class reads it as the `Field` (what a later `@dataclass` needs);
+    an instance that has no value of its own reads its default. (A field with `init=False` and a default is never
+    set on the instance: dataclasses leaves it to the class attribute, which would otherwise be this `Field`.)"""
+    __slots__ = ()                                               # Field's own slots: the class can be swapped in place
+    def __get__(self, obj, cls=None):
+        if obj is None: return self
+        if self.default is dataclasses.MISSING:
+            raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r} (a field with init=False, not set yet)")
+        return self.default
 
 def _redecorated(cls):
     """`cls` got an explicit `@dataclass(...)` after its class statement. That decorator kept the `__init__` the

@@ -148,3 +148,50 @@ def test_the_sidebar_lists_the_new_pages():
     sidebar = (PACKAGE.parent / 'nbs' / 'sidebar.yml').read_text()
     assert '05c_planner.ipynb' in sidebar and '00f_progress.ipynb' in sidebar
 
+
+# ---------------------------------------------------------------- nondifferentiable(default=..., init=False)
+
+class Scaled(fd.Differentiable):
+    w: object
+    scale: float = fd.nondifferentiable(default=2.0, init=False)        # a constant the constructor does not take
+    def __call__(self, x): return self.scale * self.w * x
+
+
+def test_an_init_false_field_reads_as_its_default():
+    m = Scaled(w=np.array([1., 2.]))
+    assert m.scale == 2.0 and type(m.scale) is float                     # it was the dataclasses.Field object
+    assert repr(m) == "Scaled(w=array([1., 2.]), scale=2.0)"
+    g = fd.gradient(lambda m: m(3.0).sum(), m)
+    assert type(g) is Scaled and g.scale == 2.0 and np.array_equal(g.w, [6., 6.])
+    assert fd.tree_map(lambda v: v * 0, m).scale == 2.0
+
+
+def test_an_init_false_field_still_reads_as_a_field_on_the_class_and_can_be_set():
+    f = dataclasses.fields(Scaled)[1]
+    assert isinstance(f, dataclasses.Field) and (f.name, f.init, f.default) == ('scale', False, 2.0)
+    assert isinstance(Scaled.__dict__['scale'], dataclasses.Field)        # a later @dataclass above the class sees it
+    m = Scaled(w=1.0); m.scale = 5.0
+    assert m.scale == 5.0 and Scaled(w=1.0).scale == 2.0
+
+
+def test_an_init_false_field_without_default_is_missing_until_set():
+    class Later(fd.Differentiable):
+        w: object
+        norm: float = fd.nondifferentiable(init=False)
+    with pytest.raises(AttributeError, match="norm"): Later(w=1.0).norm
+    class Derived(fd.Differentiable):
+        w: object
+        norm: float = fd.nondifferentiable(init=False)
+        def __post_init__(self): self.norm = abs(self.w)
+    assert Derived(w=-3.0).norm == 3.0
+
+
+def test_a_frozen_model_keeps_init_false_defaults():
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(fd.Differentiable):
+        w: object
+        scale: float = fd.nondifferentiable(default=4.0, init=False)
+    m = Frozen(w=1.0)
+    assert m.scale == 4.0
+    with pytest.raises(dataclasses.FrozenInstanceError): m.w = 2.0
+    assert fd.gradient(lambda m: m.w * m.scale, m).w == 4.0
