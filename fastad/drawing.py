@@ -59,6 +59,7 @@ def _arrays_in(obj, found, seen, depth=0):
             try: _arrays_in(cell.cell_contents, found, seen, depth + 1)
             except ValueError: pass                  # an empty cell: nothing saved there
 
+# %% ../nbs/03e_draw.ipynb #e3d00004
 def _input_labels(f, args):
     "A label per differentiable leaf of `args`: the parameter's name (`x`, `model.w1`), or `argument 0`."
     try: names = list(inspect.signature(f).parameters)
@@ -70,6 +71,7 @@ def _input_labels(f, args):
     return [l for i, a in enumerate(args)
             for l in labels(a, names[i] if i < len(names) and not names[i].startswith('*') else f'argument {i}')]
 
+# %% ../nbs/03e_draw.ipynb #e3d00008
 def _shape_sweep(tape, seeds):
     "Each entry's shape, from the cotangents a reverse sweep gives it (a value and its cotangent share a shape)."
     cts, shapes = dict(seeds), {}
@@ -84,6 +86,7 @@ def _shape_sweep(tape, seeds):
                 if c is not None: cts[j] = c if j not in cts else cts[j] + c
     return shapes
 
+# %% ../nbs/03e_draw.ipynb #e3d0000c
 def tape_of(f, *args):
     """Record `f(*args)` as fastad's transforms do and return its tape: a numbered program of inputs and primitives,
     each with its parents, its shape, and the arrays its chain saved (scalars left out). (It runs the pullback once, to learn the shapes.)"""

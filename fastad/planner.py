@@ -111,6 +111,15 @@ def _pareto(front):
         if not kept or item[1] < kept[-1][1]: kept.append(item)
     return kept
 
+# %% ../nbs/05c_planner.ipynb #c5c00023
+def _merged(segments):
+    "Adjacent stored layers as one stored segment (they run the same either way)."
+    out = []
+    for s, e, r in segments:
+        if out and not r and not out[-1][2]: out[-1] = (out[-1][0], e, False)
+        else: out.append((s, e, r))
+    return out
+
 def _segments_of(item, n):
     "The segments [(start, stop, recomputed)] of a plan found by `_fronts`, over `n` layers."
     segments, e = [], n
@@ -120,6 +129,7 @@ def _segments_of(item, n):
         e = s
     return _merged(segments[::-1])
 
+# %% ../nbs/05c_planner.ipynb #c5c00027
 def _best_plan(costs, budget, margin):
     "`plan_for_budget`'s plan, or None when none fits."
     fronts = _fronts(tuple(costs))
@@ -142,12 +152,3 @@ def plan_for_budget(costs, budget, margin=None):
         raise ArgumentError(f"checkpoint_sequential: no plan that recomputes each layer at most once fits in "
                             f"{budget:,} bytes; the least such a plan needs is about {_smallest_peak(costs, margin)[1]:,}")
     return segments
-
-def _merged(segments):
-    "Adjacent stored layers as one stored segment (they run the same either way)."
-    out = []
-    for s, e, r in segments:
-        if out and not r and not out[-1][2]: out[-1] = (out[-1][0], e, False)
-        else: out.append((s, e, r))
-    return out
-
