@@ -195,3 +195,14 @@ def test_a_frozen_model_keeps_init_false_defaults():
     assert m.scale == 4.0
     with pytest.raises(dataclasses.FrozenInstanceError): m.w = 2.0
     assert fd.gradient(lambda m: m.w * m.scale, m).w == 4.0
+
+
+# ---------------------------------------------------------------- small steps (issue 18, point 8, for these notebooks)
+
+@pytest.mark.parametrize('stem', ['00_backend', '00a_strict', '03c_tree', '03e_draw', '03f_forward_mode', '05c_planner'])
+def test_no_code_cell_over_60_lines(stem):
+    import json
+    cells = json.loads((PACKAGE.parent / 'nbs' / f'{stem}.ipynb').read_text())['cells']
+    long = [(c['id'], len(''.join(c['source']).splitlines())) for c in cells
+            if c['cell_type'] == 'code' and len(''.join(c['source']).splitlines()) > 60]
+    assert long == [], long
