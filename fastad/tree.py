@@ -50,7 +50,9 @@ def _as_dataclass(cls, now=False):
         return
     if wrote_init: _WRITTEN_INIT.add(cls)
     for name, f in written.items():
-        f.__class__ = _WrittenField                             # the same Field, which an instance reads as its value
+        # A field the constructor does not set is read through the class: the same Field, read by an instance as its
+        # default. Only those: a descriptor on the class would keep CPython from specializing reads of other fields.
+        if not f.init: f.__class__ = _WrittenField
         setattr(cls, name, f)
     _MADE[cls] = cls.__dict__['__dataclass_params__']
 
