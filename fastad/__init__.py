@@ -12,12 +12,13 @@ from . import linalg                      # and those of numpy.linalg
 from .dispatch import put_along_axis, supported_functions
 from .tree import Differentiable, nondifferentiable, tree_map
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
-                         differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning)
+                         differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning,
+                         applied_for_backpropagation)
 from .layers import Layer, Dense, Sequential, sequenced, mse, SGD, Adam
-from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy, applied_for_backpropagation
-from .drawing import draw, tape_of, Tape
+from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy
+from .drawing import draw, tape_of, TapeListing
 from .forward import differential, value_with_differential, jacobian, hessian, hessian_vector_product, ravel
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential, BudgetWarning)
-from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, memory, drawing, forward
+from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, planner, memory, drawing, forward, progress
 from . import scipy_rules; scipy_rules.install()   # SciPy's functions, differentiated once SciPy is imported (none of it is imported here)

@@ -12,7 +12,7 @@ __all__ = ['BACKENDS', 'to_device', 'np2', 'NUMPY_CROSSES_2_VECTORS', 'set_backe
 import contextlib, os, sys
 from contextvars import ContextVar
 import numpy as np
-from .errors import ArgumentError, BackendError
+from .errors import ArgumentError, BackendError, _is_whole
 from .tree import map_structure
 from . import strict
 
@@ -46,6 +46,7 @@ def _module(name):
     if name == 'cupy': return _load_cupy()
     raise BackendError(f"unknown backend {name!r}: choose one of {', '.join(map(repr, BACKENDS))}")
 
+# %% ../nbs/00_backend.ipynb #b0b00004
 _default = ('numpy', np)                              # the process default (FASTAD_BACKEND): where a thread starts
 _active = ContextVar('fastad_backend', default=None)   # this thread's (or asyncio task's) choice, once it made one
 
@@ -75,6 +76,7 @@ def use_backend(name):
     try: yield xp()
     finally: _active.reset(token)
 
+# %% ../nbs/00_backend.ipynb #b0b00008
 def gpu_available():
     "Can the 'cupy' backend run here? Never raises."
     try: _load_cupy(); return True
@@ -118,10 +120,11 @@ def is_array(x):
     "Is `x` an array of one of the backends (not a Python or NumPy scalar)?"
     return isinstance(x, (np.ndarray, strict.StrictArray)) or type(x).__module__.startswith('cupy')
 
+# %% ../nbs/00_backend.ipynb #b0b0000f
 def _shape(op, shape):
     "`shape` as a tuple of sizes, or an ArgumentError naming `op`."
     sizes = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape) if isinstance(shape, (tuple, list)) else None
-    if sizes is None or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in sizes):
+    if sizes is None or not all(_is_whole(n, least=0) for n in sizes):
         raise ArgumentError(f"{op}: shape must be a size or a tuple of sizes (whole numbers, 0 or more), got {shape!r}")
     return sizes
 
@@ -134,6 +137,7 @@ def _dtype(op, dtype, kinds='biufc'):
                             f"got {d if d is not None else repr(dtype)}")
     return d
 
+# %% ../nbs/00_backend.ipynb #b0b00013
 def zeros(shape, dtype=np.float32):
     "An array of zeros of the active module (float32 unless `dtype` says otherwise)."
     return xp().zeros(_shape('zeros', shape), dtype=_dtype('zeros', dtype))
@@ -166,6 +170,7 @@ def to_host(x):
     "A NumPy array (or structure of them: `tree.map_structure`) from backend arrays; anything else passes through."
     return map_structure(_host_one, x)
 
+# %% ../nbs/00_backend.ipynb #b0b00017
 def default_rng(seed=None):
     "A seedable random generator of the active module."
     return xp().random.default_rng(seed)

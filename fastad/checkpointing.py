@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['random_state', 'replaying', 'make_recomputed_in_gradient', 'with_recomputation_in_pullbacks', 'ActivationDiscarding',
            'segment', 'CheckpointedSequence', 'even_segments', 'BudgetWarning', 'CheckpointPlan',
-           'checkpoint_sequential', 'LayerCost', 'measure_layers', 'estimate', 'plan_for_budget']
+           'checkpoint_sequential']
 
 # %% ../nbs/05_checkpointing.ipynb #868fa80f
 import ctypes, random, threading
@@ -220,6 +220,7 @@ def with_recomputation_in_pullbacks(x, body, generators=()):
 # %% ../nbs/05_checkpointing.ipynb #7c138b12
 import numbers, warnings
 from fastcore.basics import patch
+from .errors import _whole_number
 from .layers import Layer, sequenced
 from .tree import nondifferentiable
 
@@ -344,8 +345,7 @@ def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
     if (segments is None) == (budget is None):
         raise ArgumentError("checkpoint_sequential: give either segments (how many) or budget (bytes), not both or neither")
     for name, v in (('segments', segments), ('budget', budget)):
-        if v is not None and (not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1):
-            raise ArgumentError(f"checkpoint_sequential: {name} must be a whole number of 1 or more, got {v!r}")
+        if v is not None: _whole_number('checkpoint_sequential', name, v)
     if segments is not None and segments > len(layers):
         raise ArgumentError(f"checkpoint_sequential: {segments} segments for {len(layers)} layers; use at most {len(layers)}")
     if not isinstance(generators, (tuple, list)):
@@ -354,149 +354,5 @@ def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
             else CheckpointPlan(budget=int(budget), generators=generators))
     return CheckpointedSequence(layers=list(layers), plan=plan)
 
-# %% ../nbs/05_checkpointing.ipynb #c5c00005
-import contextlib, functools, gc, tracemalloc
-from typing import NamedTuple
-import numpy as np
-from . import backend
-from .engine import unbox, trace_primitives
-from .errors import ArgumentError
-from .memory import MemoryMeter
-from .transforms import value_with_pullback
-from .tree import flatten
-
-# %% ../nbs/05_checkpointing.ipynb #c5c00007
-class LayerCost(NamedTuple):
-    "A layer's memory in bytes: its output, and what else its pullback keeps (beyond its input and parameters)."
-    output: int
-    saved: int
-
-def _plain(x):
-    "`x` with every traced value replaced by the value under it: a structure to run without recording."
-    leaves, rebuild = flatten(x, static_ok=True)
-    return rebuild([unbox(l) for l in leaves])
-
-def _nbytes(x): return sum(getattr(l, 'nbytes', 8) for l in flatten(x, static_ok=True)[0])
-
-@contextlib.contextmanager
-def _bytes_in_use():
-    """A function reading the bytes in use now: CuPy's through its memory pool (`MemoryMeter`), NumPy's through
-    tracemalloc, started only if nobody is tracing and never reset, so a caller's own tracing is left as it was."""
-    if backend.get_backend() == 'cupy':
-        with MemoryMeter() as m: yield m.used
-        return
-    gc.collect()                                         # arrays waiting in reference cycles would blur the readings
-    started = not tracemalloc.is_tracing()
-    if started: tracemalloc.start()
-    try: yield lambda: tracemalloc.get_traced_memory()[0]
-    finally:
-        if started: tracemalloc.stop()
-
-def measure_layers(layers, x):
-    "Each layer's `LayerCost`, measured on one forward pass from `x`, layer by layer (kept out of any open log)."
-    costs, x = [], _plain(x)
-    with trace_primitives(), _bytes_in_use() as used:
-        for layer in layers:
-            before = used()
-            y, pb = value_with_pullback(lambda layer, x: layer(x), _plain(layer), x)
-            kept = used() - before
-            del pb
-            costs.append(LayerCost(_nbytes(y), max(kept - _nbytes(y), 0)))
-            x = y
-    return costs
-
-
-# %% ../nbs/05_checkpointing.ipynb #c5c0000b
-def estimate(costs, segments, margin=None):
-    """`(peak, recomputed)`: a step's estimated peak in bytes (above parameters and gradients) and how many
-    layers it runs twice, for `segments` [(start, stop, recomputed)]. After the forward pass a stored segment
-    holds everything its layers keep, a recomputed one only its output (the next one's input). `gradient` frees
-    each tape entry once the backward sweep has passed it, so while the sweep is inside a segment, the segments
-    before it hold what they kept, that segment holds everything, and those after it hold nothing.
-    `margin`: cotangents in flight."""
-    if margin is None: margin = _margin(costs)
-    peak = held = 0
-    for s, e, recomputed in segments:
-        everything = sum(c.output + c.saved for c in costs[s:e])
-        peak = max(peak, held + everything)                # the sweep inside this segment: the earlier ones still held
-        held += costs[e - 1].output if recomputed else everything
-    return peak + margin, sum(e - s for s, e, r in segments if r)
-
-def _margin(costs):
-    "Bytes in flight besides what is held: a few cotangents, the loss's own, a recomputed output's twin."
-    return 7 * max(c.output for c in costs)
-
-
-# %% ../nbs/05_checkpointing.ipynb #c5c0000f
-@functools.lru_cache(maxsize=8)
-def _fronts(costs):
-    """For each number of recomputed layers `c`, the plans over all the layers that nothing beats on both
-    `held` (bytes the segments hold after the forward pass) and `peak` (`estimate`'s peak, without the margin):
-    `{c: [(held, peak, how)]}`. A shortest-path sweep over layer boundaries; storing layers one at a time loses
-    nothing, as a stored run reaches the same peak split or not."""
-    n = len(costs)
-    ends = [0]
-    for c in costs: ends.append(ends[-1] + c.output + c.saved)
-    fronts = [dict() for _ in range(n + 1)]             # fronts[e][c]: [(held, peak, how)] over layers[:e]
-    fronts[0][0] = [(0, 0, None)]
-    def offer(e, c, item):
-        fronts[e].setdefault(c, []).append(item)
-    for s in range(n):
-        for c, front in fronts[s].items():
-            front = _pareto(front)
-            fronts[s][c] = front
-            for item in front:
-                held, peak = item[:2]
-                stored = held + ends[s + 1] - ends[s]
-                offer(s + 1, c, (stored, max(peak, stored), (s, False, item)))                  # store layer s
-                for e in range(s + 1, n + 1):                                                   # recompute s..e-1
-                    offer(e, c + e - s, (held + costs[e - 1].output, max(peak, held + ends[e] - ends[s]), (s, True, item)))
-    return {c: _pareto(front) for c, front in fronts[n].items()}
-
-def _pareto(front):
-    "The items that no other beats on both held and peak."
-    kept = []
-    for item in sorted(front, key=lambda t: (t[0], t[1])):
-        if not kept or item[1] < kept[-1][1]: kept.append(item)
-    return kept
-
-def _segments_of(item, n):
-    "The segments [(start, stop, recomputed)] of a plan found by `_fronts`, over `n` layers."
-    segments, e = [], n
-    while item[2] is not None:
-        s, recomputed, item = item[2]
-        segments.append((s, e, recomputed))
-        e = s
-    return _merged(segments[::-1])
-
-def _best_plan(costs, budget, margin):
-    "`plan_for_budget`'s plan, or None when none fits."
-    fronts = _fronts(tuple(costs))
-    for c in sorted(fronts):
-        fits = [item for item in fronts[c] if item[1] + margin <= budget]
-        if fits: return _segments_of(min(fits, key=lambda t: t[1]), len(costs))
-    return None
-
-def _smallest_peak(costs, margin):
-    "`(segments, peak)`: the plan with the smallest estimated peak, recomputing each layer at most once."
-    item = min((item for front in _fronts(tuple(costs)).values() for item in front), key=lambda t: t[1])
-    return _segments_of(item, len(costs)), item[1] + margin
-
-def plan_for_budget(costs, budget, margin=None):
-    """The segments [(start, stop, recomputed)] that recompute the fewest layers while `estimate` stays within
-    `budget`: exact among plans that recompute each layer at most once."""
-    if margin is None: margin = _margin(costs)
-    segments = _best_plan(costs, budget, margin)
-    if segments is None:
-        raise ArgumentError(f"checkpoint_sequential: no plan that recomputes each layer at most once fits in "
-                            f"{budget:,} bytes; the least such a plan needs is about {_smallest_peak(costs, margin)[1]:,}")
-    return segments
-
-def _merged(segments):
-    "Adjacent stored layers as one stored segment (they run the same either way)."
-    out = []
-    for s, e, r in segments:
-        if out and not r and not out[-1][2]: out[-1] = (out[-1][0], e, False)
-        else: out.append((s, e, r))
-    return out
-
+# %% ../nbs/05_checkpointing.ipynb #c5c00015
+from .planner import LayerCost, measure_layers, estimate, plan_for_budget, _plain, _margin, _best_plan, _smallest_peak

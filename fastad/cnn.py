@@ -4,19 +4,17 @@
 
 # %% auto #0
 __all__ = ['PADDINGS', 'conv2d', 'max_pool2d', 'softmax_cross_entropy', 'windows', 'pads', 'conv2d_vwc', 'max_pool2d_vwc',
-           'softmax_cross_entropy_vwc', 'identity', 'glorot_uniform', 'Conv2D', 'MaxPool2D', 'Flatten',
-           'applied_for_backpropagation']
+           'softmax_cross_entropy_vwc', 'identity', 'glorot_uniform', 'Conv2D', 'MaxPool2D', 'Flatten']
 
 # %% ../nbs/05a_cnn_layers.ipynb #dcea83f0
 import functools, math, numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, default_rng, get_backend, is_array, zeros
-from .errors import ArgumentError, ShapeError
+from .errors import ArgumentError, ShapeError, _is_whole
 from .layers import Layer
 from .primitives import Primitive, defvwc
 from .engine import Traced, unbox
-from .transforms import value_with_pullback
 from .tree import nondifferentiable, stores_its_fields
 
 # %% ../nbs/05a_cnn_layers.ipynb #5cccd779
@@ -44,8 +42,7 @@ def _pair(op, name, value):
     if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int \
             and value[0] > 0 and value[1] > 0: return value       # already checked: a layer rebuilt for a gradient
     pair = (value, value) if isinstance(value, numbers.Integral) else tuple(value) if isinstance(value, (tuple, list)) else None
-    if pair is None or len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
-                                                 for v in pair):
+    if pair is None or len(pair) != 2 or not all(_is_whole(v) for v in pair):
         raise ArgumentError(f"{op}: {name} must be two positive whole numbers (height, width), got {value!r}")
     return tuple(int(v) for v in pair)
 
@@ -309,8 +306,7 @@ def glorot_uniform(shape, fan_in, fan_out, rng=None):
     return asarray((rng.random(shape, dtype=np.float32) * 2 - 1) * limit)
 
 def _filter_shape(shape):
-    if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and
-            all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in shape)):
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and all(_is_whole(v) for v in shape)):
         raise ArgumentError(f"Conv2D: filter_shape must be four positive whole numbers (height, width, in channels, "
                             f"out channels), got {shape!r}")
     return tuple(int(v) for v in shape)
@@ -379,12 +375,3 @@ class Flatten(Layer):
         if np.ndim(x) < 1: raise ShapeError(f"Flatten: the input needs a batch axis, got a scalar")
         shape = np.shape(x)                             # the size, not -1: NumPy cannot infer it for a batch of 0
         return x.reshape(shape[0], math.prod(shape[1:]))
-
-# %% ../nbs/05a_cnn_layers.ipynb #548dc863
-def applied_for_backpropagation(model, x):
-    "`(model(x), backprop)`: `backprop(dy)` returns `(d_model, d_x)`, the cotangents of the model and of its input."
-    if not callable(model):
-        raise ArgumentError(f"applied_for_backpropagation: model must be a layer (callable), not a {type(model).__name__}")
-    def applied(model, x): return model(x)
-    applied.__name__ = type(model).__name__
-    return value_with_pullback(applied, model, x)

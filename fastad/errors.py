@@ -39,3 +39,19 @@ class NonScalarOutputError(DifferentiationError, ValueError):
 
 class MissingExtraError(FastADError, ImportError):
     "A feature needs a package of an optional extra (`pip install 'fastad[course]'`) that is not installed."
+
+# %% ../nbs/00_errors.ipynb #e7d1a002
+import numbers
+
+def _name(f):
+    "The name of function `f` for messages: its `__name__`, or its type's name (a callable object, a `partial`)."
+    return getattr(f, '__name__', type(f).__name__)
+
+def _is_whole(value, least=1):
+    "Is `value` a whole number (a Python or NumPy integer, not a bool) of `least` or more?"
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+def _whole_number(op, name, value, least=1):
+    "`value` as an int, or an ArgumentError saying that `op`'s argument `name` must be a whole number of `least` or more."
+    if not _is_whole(value, least): raise ArgumentError(f"{op}: {name} must be a whole number of {least} or more, got {value!r}")
+    return int(value)

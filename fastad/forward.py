@@ -9,10 +9,10 @@ __all__ = ['value_with_differential', 'differential', 'jacobian', 'hessian', 'he
 import numpy as np
 from .backend import array_module
 from .engine import Traced
-from .errors import DifferentiationError
+from .errors import DifferentiationError, _name
 from .tree import flatten, leaves_like, is_container
 from .transforms import (value_with_pullback, gradient, value_with_gradient, without_derivative,
-                               _differentiated, _name, _zeros_like, _value_with_pullback)
+                               _differentiated, _zeros_like, _value_with_pullback)
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00007
 def _zeros_shaped_like(value):
@@ -67,6 +67,7 @@ def _basis(leaves, rebuild):
         for e in _one_hots(leaf):
             yield rebuild(zeros[:k] + [e] + zeros[k + 1:])
 
+# %% ../nbs/03f_forward_mode.ipynb #f3f00004
 def _block(parts, out_leaf, in_leaf, by_rows):
     """The Jacobian block of output leaf and input leaf, shaped output's shape + input's shape, from its rows
     (one per output element, shaped like the input) or its columns (one per input element, shaped like the output)."""
@@ -79,6 +80,7 @@ def _block(parts, out_leaf, in_leaf, by_rows):
     dtype = np.result_type(getattr(out_leaf, 'dtype', 0.0), getattr(in_leaf, 'dtype', 0.0))
     return block if type(block) is Traced or block.dtype == dtype else block.astype(dtype)
 
+# %% ../nbs/03f_forward_mode.ipynb #f3f00008
 def jacobian(f, *args, argnums=None):
     """The Jacobian of `f` at `args`: output axes, then input axes (JAX's layout). By rows (one pullback per output
     element) when the output is no larger than the input, else by columns (one differential per input element).

@@ -14,20 +14,15 @@ __all__ = ['norm2', 'diagonal_scatter', 'window_sum', 'put_along_axis', 'log2_vw
 # %% ../nbs/03a1_more_primitives.ipynb #br7bc3ca
 import math
 import numpy as np
-from .backend import array_module
 from .errors import DifferentiationError, NoDerivativeError
 from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half, _shared_chains, _select
+from .primitives import _module_under
 
 # %% ../nbs/03a1_more_primitives.ipynb #brc6c27f
 def _traced(x):
     """Is `x` a traced value? A scatter's forward meets one when it is differentiated twice; it then runs as the
     primitive at that outer level, since writing a traced value into an array would lose its derivative."""
     return hasattr(type(x), '__fastad_primitive__')
-
-def _module(x):
-    "The array module of `x`, looking under traced values (whose type defines `__fastad_primitive__`)."
-    while hasattr(type(x), '__fastad_primitive__'): x = x.value
-    return array_module(x)
 
 # %% ../nbs/03a1_more_primitives.ipynb #br2e3f20
 _LN2, _LN10, _DEG = math.log(2), math.log(10), math.pi / 180
@@ -243,7 +238,7 @@ def cumprod_vwc(x, *, axis):
     def chain(g):
         if not np.any(np.equal(x, 0)): return _rcumsum(g * ans, axis) / x
         xm, gm = np.moveaxis(x, axis, -1), np.moveaxis(g, axis, -1)
-        n, xp = xm.shape[-1], _module(x)
+        n, xp = xm.shape[-1], _module_under(x)
         without = np.cumprod(np.where(xp.eye(n, dtype=bool), 1, xm[..., None, :]), axis=-1)   # [j, i]: prod_{k<=i, k!=j}
         later = xp.triu(xp.ones((n, n), dtype=bool))                                           # [j, i]: i >= j
         return np.moveaxis(np.sum(without * np.where(later, gm[..., None, :], 0), axis=-1), -1, axis)
@@ -297,7 +292,7 @@ def diagonal_scatter_vwc(d, *, shape, offset=0, axis1=0, axis2=1):
     "Zeros of `shape` with `d` on the diagonal that `np.diagonal(_, offset, axis1, axis2)` reads: its transpose."
     chain = lambda h: np.diagonal(h, offset, axis1, axis2)
     if _traced(d): return diagonal_scatter(d, shape=shape, offset=offset, axis1=axis1, axis2=axis2), chain
-    xp, nd = _module(d), len(shape)
+    xp, nd = _module_under(d), len(shape)
     a1, a2 = axis1 % nd, axis2 % nd
     rest = [s for i, s in enumerate(shape) if i not in (a1, a2)]
     out = xp.zeros((*rest, shape[a1], shape[a2]), dtype=np.result_type(d))
@@ -329,7 +324,7 @@ def window_sum_vwc(g, *, shape, window_shape, axis):
     window: 5 adds, then 5 of a smaller array, not 25 of the whole: about twice as fast)."""
     chain = lambda h: np.lib.stride_tricks.sliding_window_view(h, window_shape, axis)
     if _traced(g): return window_sum(g, shape=shape, window_shape=window_shape, axis=axis), chain
-    xp, dtype = _module(g), np.result_type(g)
+    xp, dtype = _module_under(g), np.result_type(g)
     if not window_shape: return g.copy(), chain
     for a, w in reversed(tuple(zip(axis, window_shape))):    # g's last axis: a position in the window along axis a
         target = list(np.shape(g)[:-1])
@@ -347,7 +342,7 @@ window_sum = window_sum_vwc.primitive
 def put_along_axis_vwc(arr, values, *, indices, axis):
     """`np.put_along_axis` as a new array: `arr` with `values` written at `indices` along `axis`. The
     overwritten elements of `arr` get no cotangent; each value that stays gets the cotangent of its place."""
-    xp, shape, vshape = _module(arr), np.shape(arr), np.shape(values)
+    xp, shape, vshape = _module_under(arr), np.shape(arr), np.shape(values)
     writer = xp.full(shape, -1)                       # which value ends up in each place: the last one written there
     ids = xp.arange(np.size(indices)).reshape(np.shape(indices))
     np.put_along_axis(writer, indices, ids, axis)

@@ -11,6 +11,7 @@ __all__ = ['ndarray', 'newaxis', 'float16', 'float32', 'float64', 'int32', 'int6
 import numbers, sys, types
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
+from fastcore.basics import patch
 from .errors import HostTransferError
 
 # %% ../nbs/00a_strict.ipynb #0a213a9f
@@ -76,21 +77,6 @@ class StrictArray(NDArrayOperatorsMixin):
     def item(self): return self._a.item()
     def tolist(self): return self._a.tolist()
 
-    # NumPy's protocols
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        out = kwargs.get('out', ())
-        if _foreign(inputs) or _foreign(out): return NotImplemented
-        what = f"numpy.{ufunc.__name__}"
-        result = getattr(ufunc, method)(*_unwrap(inputs, what), **{k: _unwrap(v, what) for k, v in kwargs.items()})
-        if method == 'at': return None                  # in place, into the unwrapped buffer
-        if out: return out[0] if len(out) == 1 else out  # NumPy wrote into our arrays' buffers
-        return _wrap(result)
-
-    def __array_function__(self, func, types, args, kwargs):
-        if _foreign(args) or _foreign(tuple(kwargs.values())): return NotImplemented
-        what = f"numpy.{func.__name__}"
-        return _wrap(func(*_unwrap(args, what), **{k: _unwrap(v, what) for k, v in kwargs.items()}))
-
     # attributes
     shape = property(lambda self: self._a.shape)
     dtype = property(lambda self: self._a.dtype)
@@ -110,17 +96,44 @@ class StrictArray(NDArrayOperatorsMixin):
     def __repr__(self): return f"StrictArray({np.array2string(self._a, separator=', ')}, dtype={self._a.dtype})"
     def __str__(self): return str(self._a)
 
-    # indexing
-    def __getitem__(self, index): return _wrap(self._a[_unwrap(index, 'indexing')])
-    def __setitem__(self, index, value): self._a[_unwrap(index, 'indexing')] = _unwrap(value, 'assignment')
+# %% ../nbs/00a_strict.ipynb #s0a00004
+# NumPy's protocols, on the class above
+@patch
+def __array_ufunc__(self: StrictArray, ufunc, method, *inputs, **kwargs):
+    out = kwargs.get('out', ())
+    if _foreign(inputs) or _foreign(out): return NotImplemented
+    what = f"numpy.{ufunc.__name__}"
+    result = getattr(ufunc, method)(*_unwrap(inputs, what), **{k: _unwrap(v, what) for k, v in kwargs.items()})
+    if method == 'at': return None                  # in place, into the unwrapped buffer
+    if out: return out[0] if len(out) == 1 else out  # NumPy wrote into our arrays' buffers
+    return _wrap(result)
 
-    # methods: computed by NumPy, results wrapped
-    def astype(self, dtype, copy=True): return StrictArray(self._a.astype(dtype, copy=copy))
-    def copy(self): return StrictArray(self._a.copy())
-    def view(self, *args): return StrictArray(self._a.view(*args))
-    def fill(self, value): self._a.fill(_unwrap(value, 'fill'))
-    def __copy__(self): return self.copy()
-    def __deepcopy__(self, memo): return self.copy()
+@patch
+def __array_function__(self: StrictArray, func, types, args, kwargs):
+    if _foreign(args) or _foreign(tuple(kwargs.values())): return NotImplemented
+    what = f"numpy.{func.__name__}"
+    return _wrap(func(*_unwrap(args, what), **{k: _unwrap(v, what) for k, v in kwargs.items()}))
+
+# %% ../nbs/00a_strict.ipynb #s0a00008
+# indexing
+@patch
+def __getitem__(self: StrictArray, index): return _wrap(self._a[_unwrap(index, 'indexing')])
+@patch
+def __setitem__(self: StrictArray, index, value): self._a[_unwrap(index, 'indexing')] = _unwrap(value, 'assignment')
+
+# methods: computed by NumPy, results wrapped
+@patch
+def astype(self: StrictArray, dtype, copy=True): return StrictArray(self._a.astype(dtype, copy=copy))
+@patch
+def copy(self: StrictArray): return StrictArray(self._a.copy())
+@patch
+def view(self: StrictArray, *args): return StrictArray(self._a.view(*args))
+@patch
+def fill(self: StrictArray, value): self._a.fill(_unwrap(value, 'fill'))
+@patch
+def __copy__(self: StrictArray): return self.copy()
+@patch
+def __deepcopy__(self: StrictArray, memo): return self.copy()
 
 def _method(name):
     def method(self, *args, **kwargs):

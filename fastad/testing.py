@@ -9,7 +9,7 @@ __all__ = ['test_near_zero', 'test_same', 'numerical_gradient', 'check_vwc']
 import numpy as np
 from fastcore.test import test_close
 from .backend import to_host, array_module
-from .errors import ArgumentError
+from .errors import ArgumentError, _name
 from .tree import flatten, leaves_like, is_leaf, is_container, _labelled
 
 # %% ../nbs/00d_testing.ipynb #f7db25b5
@@ -46,7 +46,7 @@ def _scalar(out, name):
 def numerical_gradient(f, *args, eps=1e-6):
     """The gradient of scalar `f` at `args` by central differences in float64, shaped like `args` (a tuple when
     there are several), as `fastad.gradient` returns it. Any structure of floats and arrays (`fastad.tree`)."""
-    name = getattr(f, '__name__', type(f).__name__)
+    name = _name(f)
     leaves, rebuild = flatten(args, where='argument', arguments=True)
     leaves = [_float64(l) for l in leaves]
     grads = []
@@ -85,7 +85,7 @@ def _chain_cotangents(chain, v, n, name):
 def check_vwc(vwc, *args, f=None, eps=1e-6, tol=1e-5, trials=2, seed=0):
     """Assert that `vwc(*args)` returns `(value, chain)`, with the value of `f(*args)` when `f` is given, and a
     chain giving the cotangents that float64 central differences give, for random cotangents. Returns the worst error."""
-    name = getattr(vwc, '__name__', type(vwc).__name__)
+    name = _name(vwc)
     leaves, rebuild = flatten(args, where='argument', arguments=True)
     labels = [l for i, a in enumerate(args) for l in _labels(a, f'argument {i}')]
     args64 = rebuild([_float64(l) for l in leaves])

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 import numpy as np
 from .backend import synchronize
-from .errors import ArgumentError
+from .errors import ArgumentError, _whole_number
 
 # %% ../nbs/00c_timing.ipynb #7d8d31bb
 @dataclass
@@ -26,9 +26,7 @@ class Timing:
 def timed(f, repeat=10, warmup=1, label=None, quiet=False):
     "Time `f()` over `repeat` runs after `warmup` runs; print average, min and max (ms) unless `quiet`."
     if not callable(f): raise ArgumentError(f"timed: f must be a function to call, got {type(f).__name__}")
-    for name, n, least in (('repeat', repeat, 1), ('warmup', warmup, 0)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < least:
-            raise ArgumentError(f"timed: {name} must be a whole number of at least {least}, got {n!r}")
+    repeat, warmup = _whole_number('timed', 'repeat', repeat), _whole_number('timed', 'warmup', warmup, least=0)
     for _ in range(warmup): f()
     synchronize()
     t = Timing()

@@ -8,9 +8,22 @@ __all__ = ['Differentiable', 'nondifferentiable', 'is_container', 'items', 'rebu
 
 # %% ../nbs/03c_tree.ipynb #ee1056ad
 import copy, dataclasses, inspect, numbers, weakref
+from fastcore.basics import patch
 import numpy as np
 from .errors import DifferentiationError
 
+class _WrittenField(dataclasses.Field):
+    """A field put back on its model class. The class reads it as the `Field` (what a later `@dataclass` needs);
+    an instance that has no value of its own reads its default. (A field with `init=False` and a default is never
+    set on the instance: dataclasses leaves it to the class attribute, which would otherwise be this `Field`.)"""
+    __slots__ = ()                                               # Field's own slots: the class can be swapped in place
+    def __get__(self, obj, cls=None):
+        if obj is None: return self
+        if self.default is dataclasses.MISSING:
+            raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r} (a field with init=False, not set yet)")
+        return self.default
+
+# %% ../nbs/03c_tree.ipynb #t3c0001e
 class Differentiable:
     """Base for models: a subclass becomes a dataclass whose fields are differentiable unless marked
     `nondifferentiable()`. A gradient with respect to one is an instance of the same class."""
@@ -36,7 +49,11 @@ def _as_dataclass(cls, now=False):
         if now: raise
         return
     if wrote_init: _WRITTEN_INIT.add(cls)
-    for name, f in written.items(): setattr(cls, name, f)
+    for name, f in written.items():
+        # A field the constructor does not set is read through the class: the same Field, read by an instance as its
+        # default. Only those: a descriptor on the class would keep CPython from specializing reads of other fields.
+        if not f.init: f.__class__ = _WrittenField
+        setattr(cls, name, f)
     _MADE[cls] = cls.__dict__['__dataclass_params__']
 
 def _redecorated(cls):
@@ -53,7 +70,6 @@ def _redecorated(cls):
 def nondifferentiable(default=dataclasses.MISSING, **kwargs):
     "A `Differentiable` field carried along but never differentiated (a size, a flag, an activation)."
     return dataclasses.field(default=default, metadata={'differentiable': False}, **kwargs)
-
 
 # %% ../nbs/03c_tree.ipynb #1f952898
 def is_container(x):
@@ -121,6 +137,38 @@ _FIELD_FORM = ("declare each parameter in the class body, as a dataclass field, 
                "    class Net(fd.Layer):\n        l1: fd.Dense\n        def forward(self, x): return self.l1(x)\n"
                "    net = Net(l1=fd.Dense(3, 1))\n(see lesson 04, 'Differentiable models')")
 
+# %% ../nbs/03c_tree.ipynb #t3c00004
+_FIELDS = weakref.WeakKeyDictionary()             # dataclass -> its _Fields
+
+def _fields_of(cls):
+    "`cls`'s `_Fields`, worked out at its first use."
+    try: return _FIELDS[cls]
+    except KeyError:
+        _FIELDS[cls] = fields = _Fields(cls)
+        return fields
+
+def _differentiable(field): return field.metadata.get('differentiable', True)
+
+def _is_traced(x): return getattr(type(x), '__fastad_primitive__', None) is not None
+
+def _any_item(x, test, inside=None):
+    "Does an item of structure `x` (or `x` itself) pass `test`? A structure that holds itself is looked at once."
+    if test(x): return True
+    if not is_container(x): return False
+    inside = set() if inside is None else inside
+    if id(x) in inside: return False
+    inside.add(id(x))
+    return any(_any_item(v, test, inside) for _, v in items(x))
+
+def _has_traced(x): return _any_item(x, _is_traced)
+
+def _is_parameter(x):
+    "A model or a float array: what PyTorch calls a module or a parameter (a plain float is a setting)."
+    return isinstance(x, Differentiable) or getattr(getattr(x, 'dtype', None), 'kind', None) == 'f' and type(x) is not float
+
+def _holds_leaves(x): return _any_item(x, _is_parameter)
+
+# %% ../nbs/03c_tree.ipynb #t3c00008
 class _Fields:
     "A dataclass's `__init__` fields, which of them are differentiable, and how to build one from them: worked out once per class."
     __slots__ = ('cls', 'fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', 'declared', 'own_init', '__weakref__')
@@ -159,63 +207,38 @@ class _Fields:
         for name, v in zip(self.names, values): object.__setattr__(new, name, v)
         if not construct: self.forget_derived(new)
         return new
-    def forget_derived(self, new):
-        "A copy built without the model's code has no derived values, which would be the model's, stale: see below."
-        for f in dataclasses.fields(self.cls):    # computed by __post_init__ (a setting is marked nondifferentiable)
-            if not f.init and _differentiable(f): object.__setattr__(new, f.name, None)
-        for name in [k for k in getattr(new, '__dict__', {}) if k not in self.declared]: del new.__dict__[name]
-    def undeclared(self, x):
-        "The attributes of model `x` that hold arrays or models but are not fields: `[(name, value)]`."
-        return [(k, v) for k, v in getattr(x, '__dict__', {}).items() if k not in self.declared and _holds_leaves(v)]
-    def check_undeclared(self, x, where):
-        "Refuse parameters set by an `__init__` of the model's own (PyTorch's habit): fastad would not see them."
-        if not self.own_init or self.stores: return
-        found = self.undeclared(x)
-        if found:
-            name, v = found[0]
+
+# %% ../nbs/03c_tree.ipynb #t3c0000c
+@patch
+def forget_derived(self: _Fields, new):
+    "A copy built without the model's code has no derived values, which would be the model's, stale: see below."
+    for f in dataclasses.fields(self.cls):    # computed by __post_init__ (a setting is marked nondifferentiable)
+        if not f.init and _differentiable(f): object.__setattr__(new, f.name, None)
+    for name in [k for k in getattr(new, '__dict__', {}) if k not in self.declared]: del new.__dict__[name]
+@patch
+def undeclared(self: _Fields, x):
+    "The attributes of model `x` that hold arrays or models but are not fields: `[(name, value)]`."
+    return [(k, v) for k, v in getattr(x, '__dict__', {}).items() if k not in self.declared and _holds_leaves(v)]
+@patch
+def check_undeclared(self: _Fields, x, where):
+    "Refuse parameters set by an `__init__` of the model's own (PyTorch's habit): fastad would not see them."
+    if not self.own_init or self.stores: return
+    found = self.undeclared(x)
+    if found:
+        name, v = found[0]
+        raise DifferentiationError(
+            f"{_label(where)}.{name} is {_describe(v)} that {type(x).__name__}.__init__ set, but it is not a field "
+            f"of {type(x).__name__}: fastad differentiates a model's fields, so it would be left out (and "
+            f"rebuilding the model would run __init__ again). To train it, {_FIELD_FORM}")
+@patch
+def check_derived(self: _Fields, new):
+    "Attributes that `__post_init__` set from traced fields are derived; one that stayed constant is a parameter nobody declared."
+    for name, v in self.undeclared(new):
+        if not _has_traced(v):
             raise DifferentiationError(
-                f"{_label(where)}.{name} is {_describe(v)} that {type(x).__name__}.__init__ set, but it is not a field "
-                f"of {type(x).__name__}: fastad differentiates a model's fields, so it would be left out (and "
-                f"rebuilding the model would run __init__ again). To train it, {_FIELD_FORM}")
-    def check_derived(self, new):
-        "Attributes that `__post_init__` set from traced fields are derived; one that stayed constant is a parameter nobody declared."
-        for name, v in self.undeclared(new):
-            if not _has_traced(v):
-                raise DifferentiationError(
-                    f"{type(new).__name__}.{name} is {_describe(v)} that __post_init__ set, but it is not a field and does "
-                    f"not depend on the fields, so it would get no gradient. To train it, {_FIELD_FORM}; a constant is "
-                    f"declared `{name}: object = fd.nondifferentiable(init=False)`")
-
-_FIELDS = weakref.WeakKeyDictionary()             # dataclass -> its _Fields
-
-def _fields_of(cls):
-    "`cls`'s `_Fields`, worked out at its first use."
-    try: return _FIELDS[cls]
-    except KeyError:
-        _FIELDS[cls] = fields = _Fields(cls)
-        return fields
-
-def _differentiable(field): return field.metadata.get('differentiable', True)
-
-def _is_traced(x): return getattr(type(x), '__fastad_primitive__', None) is not None
-
-def _any_item(x, test, inside=None):
-    "Does an item of structure `x` (or `x` itself) pass `test`? A structure that holds itself is looked at once."
-    if test(x): return True
-    if not is_container(x): return False
-    inside = set() if inside is None else inside
-    if id(x) in inside: return False
-    inside.add(id(x))
-    return any(_any_item(v, test, inside) for _, v in items(x))
-
-def _has_traced(x): return _any_item(x, _is_traced)
-
-def _is_parameter(x):
-    "A model or a float array: what PyTorch calls a module or a parameter (a plain float is a setting)."
-    return isinstance(x, Differentiable) or getattr(getattr(x, 'dtype', None), 'kind', None) == 'f' and type(x) is not float
-
-def _holds_leaves(x): return _any_item(x, _is_parameter)
-
+                f"{type(new).__name__}.{name} is {_describe(v)} that __post_init__ set, but it is not a field and does "
+                f"not depend on the fields, so it would get no gradient. To train it, {_FIELD_FORM}; a constant is "
+                f"declared `{name}: object = fd.nondifferentiable(init=False)`")
 
 # %% ../nbs/03c_tree.ipynb #a1f3c9d0
 def is_leaf(x):
@@ -253,6 +276,11 @@ def _cannot(where, x):
     return DifferentiationError(f"{_label(where)} is {_describe(x)}, which cannot be differentiated{hint}: pass a float, "
                                 f"a floating-point array, or a tuple, list, dict, dataclass or Differentiable of them{fixed}")
 
+def _contains_itself(where, x):
+    return DifferentiationError(f"{_label(where)} contains itself (a {type(x).__name__} that holds itself, directly or "
+                                f"further down): fastad cannot take apart or rebuild a structure with a cycle")
+
+# %% ../nbs/03c_tree.ipynb #t3c00013
 class _Static:
     "A value that rides along unchanged in a rebuilt structure: an int, a flag, a nondifferentiable field."
     __slots__ = ('value',)
@@ -275,10 +303,6 @@ def flatten(x, where='argument', arguments=False, static_ok=False):
     spec = ((x, [_walk(v, (where, i, ' {}'), static_ok, leaves, inside) for i, v in enumerate(x)], None) if arguments
             else _walk(x, where, static_ok, leaves, inside))
     return leaves, lambda new, construct=True: _rebuild(spec, iter(new), construct)
-
-def _contains_itself(where, x):
-    return DifferentiationError(f"{_label(where)} contains itself (a {type(x).__name__} that holds itself, directly or "
-                                f"further down): fastad cannot take apart or rebuild a structure with a cycle")
 
 def _walk(x, where, static_ok, leaves, inside):
     "`x`'s spec for `_rebuild`, putting its leaves in `leaves`; `inside` holds the containers being walked. (A module"
@@ -315,6 +339,7 @@ def _rebuild(spec, leaves, construct):
     values = [_rebuild(s, leaves, construct) for s in specs]
     return rebuilt(x, values, construct) if fields is None else fields.build(x, values, construct)
 
+# %% ../nbs/03c_tree.ipynb #t3c00017
 def leaves_like(template, x, where):
     """The leaves of `x` in the order of `template`'s, checking that `x` has `template`'s structure: same
     containers, same dict keys (in any order), same dataclasses; `None` stands for zeros, at a leaf or for a

@@ -7,7 +7,7 @@ import gc, threading, types
 import numpy as np, pytest
 import fastad as fd
 import fastad.primitives as P
-from fastad.engine import Trace, Traced
+from fastad.engine import Recording, Traced
 from fastad.errors import DifferentiationError, NoDerivativeError, FastADError
 from fastad.backend import to_device, to_host
 from fastad.strict import StrictArray
@@ -264,19 +264,19 @@ def live(*types_):
     return sum(isinstance(o, types_) for o in gc.get_objects())
 
 def test_nothing_stays_alive_after_a_gradient():
-    before = live(Trace, Traced)
+    before = live(Recording, Traced)
     fd.gradient(lambda x: (np.tanh(x) @ np.ones(3)), np.ones(3))
     fd.value_with_gradient(lambda x: fd.gradient(lambda y: (x * y).sum(), np.ones(3)).sum(), np.ones(3))
-    assert live(Trace, Traced) == before
+    assert live(Recording, Traced) == before
 
 def test_pullback_keeps_its_tape_only_while_referenced():
-    before = live(Trace)
+    before = live(Recording)
     value, pb = fd.value_with_pullback(lambda x: np.sin(x) * 2, np.ones(1000))
-    assert live(Trace) == before + 1
+    assert live(Recording) == before + 1
     pb(np.ones(1000)); pb(np.ones(1000))              # calling it keeps nothing new alive
-    assert live(Trace) == before + 1
+    assert live(Recording) == before + 1
     del pb
-    assert live(Trace) == before
+    assert live(Recording) == before
 
 def test_threads_compute_independently():
     results, errors = {}, []
@@ -297,11 +297,11 @@ def test_exception_inside_f_leaves_the_engine_usable():
     def bad(x):
         kept.append(np.sin(x))
         raise RuntimeError('in the middle')
-    before = live(Trace)
+    before = live(Recording)
     with pytest.raises(RuntimeError, match='in the middle'): fd.gradient(bad, 1.0)
     with pytest.raises(DifferentiationError, match="after its transform finished"): kept[0] * 2   # its trace is closed
     kept.clear()
-    assert live(Trace) == before                                      # and gone
+    assert live(Recording) == before                                      # and gone
     assert fd.gradient(np.sin, 0.0) == 1.0
     with pytest.raises(RuntimeError): fd.gradient(lambda x: fd.gradient(bad, x), 1.0)   # nested, too
     assert fd.gradient(lambda x: fd.gradient(np.sin, x), 0.0) == 0.0
@@ -409,7 +409,7 @@ def test_two_traced_operands_unbroadcast_like_the_general_path(x, y, op):
     close(gx, num(0), 1e-5); close(gy, num(1), 1e-5)
 
 def test_two_traced_floats_record_both_parents_once():
-    t = Trace(); x, y = t.new_input(0.3), t.new_input(0.2)
+    t = Recording(); x, y = t.new_input(0.3), t.new_input(0.2)
     z = x * y
     t.active = False
     assert type(z.value) is float and t.tape[z.idx][0] == 'multiply'
@@ -427,7 +427,7 @@ def test_two_traced_operands_with_a_chain_of_none():
     close(gx, np.tile(np.arange(3.), (2, 1))); close(gs, np.zeros(3))
 
 def test_shape_queries_on_traced_values_are_plain():
-    t = Trace(); x = t.new_input(np.ones((2, 3)))
+    t = Recording(); x = t.new_input(np.ones((2, 3)))
     assert np.shape(x) == (2, 3) and np.ndim(x) == 2 and np.size(x) == 6 and np.shape(x.value) == (2, 3)
     assert np.result_type(x, np.float32) == np.float64
     t.active = False

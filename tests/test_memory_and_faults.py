@@ -22,7 +22,7 @@ def active_log():
 
 def live_traces():
     gc.collect()
-    return [o for o in gc.get_objects() if type(o) is engine.Trace]
+    return [o for o in gc.get_objects() if type(o) is engine.Recording]
 
 def engine_state():
     "What a transform may change only while it runs: the log, the backend, the registries and the adapters."

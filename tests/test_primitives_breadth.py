@@ -263,7 +263,7 @@ def test_linspace_and_full_like(any_backend):
     np.testing.assert_allclose(value, np.linspace(1.0, 2.0, 5), rtol=1e-15)
 
 def test_building_arrays_refuses_clearly():
-    t = fd.engine.Trace(); x = t.new_input(np.ones(2))
+    t = fd.engine.Recording(); x = t.new_input(np.ones(2))
     with pytest.raises(fd.DifferentiationError, match="in place"): np.copyto(np.zeros(2), x)
     with pytest.raises(fd.DifferentiationError, match="in place"): np.put_along_axis(x, np.array([0]), 1.0, 0)
     with pytest.raises(fd.DifferentiationError, match="np.sort"): x.sort()

@@ -4,7 +4,7 @@ second order, with only some of their outputs used; custom VJPs with several out
 import numpy as np, pytest
 import fastad as fd
 from fastad import engine, linalg, transforms
-from fastad.engine import Trace, Outputs, backward
+from fastad.engine import Recording, Outputs, backward
 from fastad.testing import numerical_gradient
 from fastad.primitives import unbroadcast
 
@@ -49,7 +49,7 @@ def test_multi_output_primitives_second_order(name):
     np.testing.assert_allclose(fd.gradient(along, a), numerical_gradient(along, a, eps=1e-5), rtol=1e-4, atol=1e-5)
 
 def test_one_entry_holds_every_output():
-    t = Trace()
+    t = Recording()
     a = t.new_input(general(0))
     u, s, vh = np.linalg.svd(a, full_matrices=False)
     t.active = False
@@ -119,7 +119,7 @@ def test_one_pullback_for_all_inputs_is_one_parent():
     "A custom VJP's pullback is one parent of its entry, whose place is the tuple of the inputs' places."
     def mul_vjp(x, y): return x * y, lambda g: (g * y, g * x)
     mul = fd.differentiable_function(mul_vjp)
-    t = Trace()
+    t = Recording()
     x, y = t.new_input(np.ones(2)), t.new_input(np.full(2, 3.))
     z = mul(x, y)
     t.active = False
@@ -147,7 +147,7 @@ def test_no_per_thread_memo_in_custom_chains():
     import threading
     def f_vjp(x, y): return x * y, lambda g: (g * y, g * x)
     f = fd.differentiable_function(f_vjp)
-    t = Trace()
+    t = Recording()
     x, y = t.new_input(np.ones(2)), t.new_input(np.ones(2))
     z = f(x, y)
     (_, pullback), = t.tape[z.idx][1]

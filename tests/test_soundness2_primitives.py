@@ -130,7 +130,7 @@ def test_unique_values_follow_x(seed):
 
 def test_unique_with_its_extras_and_an_axis():
     x = np.array([[1., 2.], [0., 5.], [1., 2.]])
-    traced = E.Trace().new_input(x)
+    traced = E.Recording().new_input(x)
     mine = np.unique(traced, return_index=True, return_inverse=True, return_counts=True, axis=0)
     assert type(mine[0]) is E.Traced and all(type(m) is np.ndarray for m in mine[1:])   # plain indices and counts
     for mine, numpys in zip((E.unbox(mine[0]), *mine[1:]), np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=0)):
@@ -155,7 +155,7 @@ def test_histogram_weights_and_edges(seed, density, bins):
     np.testing.assert_allclose(value, f(a, w))
     np.testing.assert_allclose(ga, numeric(lambda a: f(a, w), a), atol=1e-5)
     if w is not None: np.testing.assert_allclose(fd.gradient(lambda w: f(a, w), w), numeric(lambda w: f(a, w), w), atol=1e-5)
-    hist, edges = np.histogram(E.Trace().new_input(a), weights=w, **kw)
+    hist, edges = np.histogram(E.Recording().new_input(a), weights=w, **kw)
     numpys = np.histogram(a, weights=w, **kw)
     np.testing.assert_allclose(E.unbox(hist), numpys[0]); np.testing.assert_allclose(E.unbox(edges), numpys[1])
 
@@ -247,7 +247,7 @@ def test_every_plain_entry_runs_on_traced_values():
         first = next(i for i, a in enumerate(args) if np.asarray(a).dtype.kind == 'f') if \
             any(np.asarray(a).dtype.kind == 'f' for a in args) else None
         if first is None: continue
-        result = f(*args[:first], E.Trace().new_input(args[first]), *args[first + 1:], **kwargs)
+        result = f(*args[:first], E.Recording().new_input(args[first]), *args[first + 1:], **kwargs)
         np.testing.assert_array_equal(flat(result), flat(f(*args, **kwargs)))
 
 # 6. Infinities in logsumexp: as SciPy (values) and JAX (gradients: e^(x - result), NaN where undefined).

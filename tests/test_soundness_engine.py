@@ -5,7 +5,7 @@ import asyncio, gc, sys, threading, tracemalloc, warnings
 import numpy as np, pytest
 import fastad as fd
 from fastad import backend as B, engine
-from fastad.engine import Trace, backward
+from fastad.engine import Recording, backward
 from fastad.errors import DifferentiationError
 
 def close(a, b, tol=1e-9): np.testing.assert_allclose(B.to_host(a), B.to_host(b), rtol=tol, atol=tol)
@@ -95,7 +95,7 @@ def test_assigning_a_traced_value_into_a_numpy_array_says_in_place():
         assert 'in-place' in str(err) and 'numpy.where' in str(err), str(err)
 
 def test_messages_speak_of_a_traced_array_not_the_internal_type():
-    t = Trace(); x = t.new_input(np.ones(3))
+    t = Recording(); x = t.new_input(np.ones(3))
     with pytest.raises(AttributeError) as e: x.no_such_thing
     assert 'Traced' not in str(e.value) and 'traced array' in str(e.value)
     with pytest.raises(TypeError) as e: hash(x)
@@ -167,7 +167,7 @@ def test_asyncio_tasks_keep_their_own_backend():
 def test_trace_levels_are_unique_across_threads():
     levels = []
     def make():
-        for _ in range(2000): levels.append(Trace().level)
+        for _ in range(2000): levels.append(Recording().level)
     before = sys.getswitchinterval(); sys.setswitchinterval(1e-6)
     try:
         threads = [threading.Thread(target=make) for _ in range(4)]
@@ -211,7 +211,7 @@ def _peak(f):
 def test_backward_frees_cotangents_as_it_goes():
     x = np.random.default_rng(0).standard_normal(500_000)            # 4 MB
     n = 20
-    t = Trace(); xi = t.new_input(x)
+    t = Recording(); xi = t.new_input(x)
     y = _tanh_chain(xi, n)
     t.active = False
     def sweep(): return backward(t, {y.idx: 1.0})
@@ -222,7 +222,7 @@ def test_backward_frees_cotangents_as_it_goes():
 
 def test_consume_drops_the_tape_as_it_goes():
     x = np.random.default_rng(0).standard_normal(500_000)
-    t = Trace(); xi = t.new_input(x)
+    t = Recording(); xi = t.new_input(x)
     y = _tanh_chain(xi)
     t.active = False
     want = backward(t, {y.idx: 1.0})[0]

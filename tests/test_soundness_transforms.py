@@ -338,16 +338,16 @@ def test_map_structure_with_unbox_strips_every_level():
 def test_value_with_gradient_consumes_its_tape_but_pullbacks_stay_reusable():
     import fastad.transforms as T
     traces = []
-    real = T.Trace
+    real = T.Recording
     class Spy(real):
         def __init__(self):
             super().__init__()
             traces.append(self)
-    T.Trace = Spy
+    T.Recording = Spy
     try:
         assert fd.value_with_gradient(lambda x: np.sin(x) * x, 1.0)[1] == pytest.approx(np.cos(1.0) + np.sin(1.0))
         pb = fd.pullback(lambda x: np.sin(x) * x, 1.0)
         assert pb(1.0) == pb(1.0)                                          # a pullback you hold runs many times
-    finally: T.Trace = real
+    finally: T.Recording = real
     assert all(entry is None for entry in traces[0].tape)                 # every entry dropped once it had run
     assert any(entry is not None for entry in traces[1].tape)
