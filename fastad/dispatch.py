@@ -34,6 +34,7 @@ def ufunc_keywords(ufunc, prim, inputs, kwargs):
     result = apply(prim, inputs)
     return result if dtype is None else result.astype(dtype)
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b005
 def _reduction(prim):
     def adapter(x, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
         _reject_out(f"numpy.{prim.name}", dict(out=out, where=where))
@@ -55,6 +56,7 @@ def _moment(prim):
         return apply(prim, (a,), dict(axis=axes_of(axis), ddof=ddof if correction is None else correction, keepdims=keepdims))
     return adapter
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b009
 def _cast(name, a, dtype, casting):
     "Array `a` of a join cast to `dtype`, as NumPy's `dtype=` and `casting=` would, or a clear refusal."
     if dtype.kind == 'c': raise _complex(name)
@@ -77,6 +79,7 @@ def _joined(prim):
         return apply(prim, tuple(arrays), dict(axis=operator.index(axis)))
     return adapter
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b013
 def _order(name, order):
     if order not in ('C', 'F'):
         raise DifferentiationError(f"{name}: order={order!r} cannot be differentiated; use 'C' or 'F'")
@@ -168,6 +171,7 @@ def _cumulative(scan):
         return np.concatenate([first, result], axis=axis)
     return adapter
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b020
 def _trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
     _reject_out('numpy.trace', dict(out=out))
     return np.sum(np.diagonal(a, offset, axis1, axis2), axis=-1, dtype=dtype)
@@ -189,6 +193,7 @@ def _diff(a, n=1, axis=-1, prepend=_NO, append=_NO):
     for _ in range(operator.index(n)): a = a[_along(axis, nd, slice(1, None))] - a[_along(axis, nd, slice(None, -1))]
     return a
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b024
 def _average(a, axis=None, weights=None, returned=False, *, keepdims=False):
     if weights is None:
         avg = np.mean(a, axis=axis, keepdims=keepdims)
@@ -209,6 +214,7 @@ def _ptp(a, axis=None, out=None, keepdims=False):
     _reject_out('numpy.ptp', dict(out=out))
     return np.max(a, axis=axis, keepdims=keepdims) - np.min(a, axis=axis, keepdims=keepdims)
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b028
 def _nan_reduction(reduce, fill):
     "A nan-function: NaN replaced by the value that changes nothing, then the plain reduction."
     def adapter(a, axis=None, dtype=None, out=None, keepdims=False, **kw):
@@ -361,6 +367,7 @@ def _inner(a, b):
     if np.ndim(a) == 0 or np.ndim(b) == 0: return a * b
     return _tensordot(a, b, ([-1], [-1]))
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b035
 def _kron(a, b):
     nd = max(np.ndim(a), np.ndim(b))
     sa, sb = (1,) * (nd - np.ndim(a)) + np.shape(a), (1,) * (nd - np.ndim(b)) + np.shape(b)
@@ -379,6 +386,7 @@ def _cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
     parts = [c(a, 1) * c(b, 2) - c(a, 2) * c(b, 1), c(a, 2) * c(b, 0) - c(a, 0) * c(b, 2), c(a, 0) * c(b, 1) - c(a, 1) * c(b, 0)]
     return np.moveaxis(np.stack(parts, axis=-1), -1, axisc)
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b039
 def _einsum(*operands, out=None, optimize=False, **kwargs):
     _reject_out('numpy.einsum', dict(out=out))
     if isinstance(operands[0], str): subscripts, ops = operands[0], list(operands[1:])
@@ -437,6 +445,7 @@ def _take_along_axis(arr, indices, axis=-1):
                   for d in range(nd))
     return arr[index]
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b046
 def put_along_axis(arr, indices, values, axis):
     "`np.put_along_axis(arr, indices, values, axis)`, but returning a new array instead of writing into `arr`."
     if axis is None:                                  # as NumPy: 1-D indices into the flattened array
@@ -450,6 +459,7 @@ def _put_along_axis(arr, indices, values, axis):
     raise DifferentiationError("numpy.put_along_axis writes into `arr` in place, which cannot be differentiated; "
                                "use fastad.put_along_axis(arr, indices, values, axis), which returns a new array")
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b050
 def _repeat(a, repeats, axis=None):
     repeats = _static('numpy.repeat', repeats, 'repeats')
     if axis is None: a, axis = np.ravel(a), 0
@@ -466,6 +476,7 @@ def _tile(A, reps):
     copies = np.broadcast_to(np.reshape(A, tuple(x for s in shape for x in (1, s))), tuple(x for r, s in zip(reps, shape) for x in (r, s)))
     return np.reshape(copies, tuple(r * s for r, s in zip(reps, shape)))
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b054
 _PAD_BY_INDEX = ('edge', 'reflect', 'symmetric', 'wrap')
 
 def _pad(array, pad_width, mode='constant', **kwargs):
@@ -487,6 +498,7 @@ def _pad(array, pad_width, mode='constant', **kwargs):
             array = array[_along(axis, nd, xp.asarray(index))]
     return array
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b058
 def _flip(m, axis=None): return apply(PM.flip_vwc.primitive, (m,), dict(axis=axes_of(axis)))
 
 def _rot90(m, k=1, axes=(0, 1)):
@@ -513,6 +525,7 @@ def _rollaxis(a, axis, start=0):
     order = list(range(nd)); order.remove(axis); order.insert(start, axis)
     return np.transpose(a, order)
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b062
 def _diag(v, k=0):
     if np.ndim(v) == 2: return np.diagonal(v, k)
     if np.ndim(v) != 1: raise ShapeError(f"numpy.diag: the input must be 1-D or 2-D, not {np.ndim(v)}-D")
@@ -534,6 +547,7 @@ def _partition(a, kth, axis=-1, kind='introselect', order=None):
     if axis is None: a, axis = np.ravel(a), -1
     return np.take_along_axis(a, np.argpartition(unbox(a), _static('numpy.partition', kth, 'kth'), axis=axis), axis)
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b066
 def _compress(condition, a, axis=None, out=None):
     _reject_out('numpy.compress', dict(out=out))
     keep = np.nonzero(to_host(unbox(condition)))[0]
@@ -604,6 +618,7 @@ def _block(arrays):
         return np.concatenate([build(e, level - 1) for e in x], axis=-level)
     return build(arrays, levels)
 
+# %% ../nbs/03b1_numpy_dispatch.ipynb #p3b072
 def _split_at(ary, bounds, axis):
     "The pieces of `ary` between consecutive `bounds` along `axis`: slices, each a getitem."
     nd = np.ndim(ary)

@@ -84,6 +84,7 @@ class Entry:
             self.__class__ = Entry
             if self.custom is None and self.primitive is None and self.adapt is None: REGISTRY.pop(self.of, None)
 
+# %% ../nbs/03a_primitives.ipynb #p3a004
 # The rules a context (a thread, an asyncio task) uses where they differ from those in force elsewhere: a checkpoint's
 # replay recomputes under the rules of its forward pass, for itself alone. {id(of): (redirection, registrations) whose
 # last registration's `function` is in force, or None: no custom rule}. Only the rows a replay needs read it.
@@ -110,6 +111,7 @@ class _ContestedEntry(Entry):
     @rule.setter
     def rule(self, rule): _RULE.__set__(self, rule)
 
+# %% ../nbs/03a_primitives.ipynb #p3a008
 REGISTRY = {}   # NumPy callable -> Entry: the one table the engine reads
 
 def entry(of):
@@ -181,6 +183,7 @@ def divide_vwc(x, y):
     ans = x / y
     return ans, (lambda g: g / y, lambda g: -g * ans / y)
 
+# %% ../nbs/03a_primitives.ipynb #p3a014
 @defvwc(np.power, broadcasts=True, keeps=('x', 'y'))
 def power_vwc(x, y):
     "x ** y: g y x^(y-1) for x, g x^y log x for y (where x > 0)."
@@ -194,6 +197,7 @@ def power_vwc(x, y):
     positive = x > 0
     return ans, (dx, lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
+# %% ../nbs/03a_primitives.ipynb #p3a018
 @defvwc(np.remainder, broadcasts=True)
 def remainder_vwc(x, y):
     "x mod y = x - floor(x / y) * y: slope 1 in x and -floor(x / y) in y, between the jumps."
@@ -209,6 +213,7 @@ def positive_vwc(x):
     "+x: the cotangent, unchanged."
     return x, lambda g: g
 
+# %% ../nbs/03a_primitives.ipynb #p3a022
 def as_mask(m, like=None):
     """`m` as booleans, so `~m` is a logical not (on a Python bool, `~True` is -2): an array stays in its module,
     a Python bool becomes a NumPy bool scalar (which every module accepts), a list an array of `like`'s module."""
@@ -241,6 +246,7 @@ def _shared_chains(twice, half):
     "x's chain gives g·twice/2 where twice > 0, y's g·(2 - twice)/2 where twice < 2; 0 elsewhere, selected."
     return (lambda g: np.where(twice > 0, g * twice * half, 0)), (lambda g: np.where(twice < 2, g * (2 - twice) * half, 0))
 
+# %% ../nbs/03a_primitives.ipynb #p3a026
 @defvwc(np.maximum, broadcasts=True, keeps=())      # masks only
 def maximum_vwc(x, y):
     "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
@@ -371,6 +377,7 @@ def _einsum_spec(subscripts, shapes):
     ins, out = _einsum_subscripts(subscripts, shapes)
     return tuple(ins), out
 
+# %% ../nbs/03a_primitives.ipynb #p3a033
 def _grouped(x, letters, groups, size):
     "`x` (its axes named by `letters`) with its axes permuted into the order of `groups` (strings), each group merged."
     order = [letters.index(c) for c in ''.join(groups)]
@@ -394,6 +401,7 @@ def _value_under(x):
     while hasattr(type(x), '__fastad_primitive__'): x = x.value
     return x
 
+# %% ../nbs/03a_primitives.ipynb #p3a037
 class _ProductPlan:
     """How einsum('sa,sb->out') of two operands runs as one (batched) matrix product, as a planned einsum runs it:
     the letters both operands and the output have are the batch; those both operands have but not the output
@@ -426,6 +434,7 @@ def _product_plan(sa, sb, out, shape_a, shape_b, strides_a, strides_b):
     plan.out_groups = (batch, rows, cols) if batch else (rows, cols)
     return plan
 
+# %% ../nbs/03a_primitives.ipynb #p3a040
 def _einsum_as_product(subscripts, ins, out, a, b, optimize):
     """einsum of two operands as one (batched) matrix product, or None where it is not one. Its chains are matmul's,
     on the operands as matrices: made once in the forward pass when `optimize` asks NumPy for a planned einsum (which
@@ -454,6 +463,7 @@ def _einsum_as_product(subscripts, ins, out, a, b, optimize):
         return chain_i
     return ans, (None, chain(0, B), chain(1, A))
 
+# %% ../nbs/03a_primitives.ipynb #p3a044
 @defvwc(np.einsum)
 def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
     "numpy.einsum with string subscripts: each operand's cotangent is another einsum of g and the others."
@@ -507,6 +517,7 @@ def _count(shape, axis):
     "How many elements a reduction over `axis` combines into each result."
     return math.prod(shape) if axis is None else math.prod(shape[a] for a in axes_of(axis))
 
+# %% ../nbs/03a_primitives.ipynb #p3a051
 @defvwc(np.sum, unary=True)
 def sum_vwc(x, *, axis=None, keepdims=False):
     "Sum over `axis`: the cotangent broadcast back over the summed axes."
@@ -520,6 +531,7 @@ def mean_vwc(x, *, axis=None, keepdims=False):
     n = max(_count(shape, axis), 1)
     return np.mean(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(_expand(g / n, shape, axis, keepdims), shape)
 
+# %% ../nbs/03a_primitives.ipynb #p3a055
 def _by_slices(pick, x, axis):
     """The extreme of `x` over a few short axes (kept, of size 1), as `pick` (np.maximum) of the slices along them:
     NumPy's reduction over short inner axes is slow (2×2 pooling windows: 57 µs, against 14 by slices; (10000, 2)
@@ -539,6 +551,7 @@ def _by_slices(pick, x, axis):
     for v in views[2:]: pick(out, v, out=out)
     return out
 
+# %% ../nbs/03a_primitives.ipynb #p3a059
 def _extremum_vwc(reduce, pick, x, axis, keepdims):
     "The largest (smallest) element; equal extremes share the cotangent equally."
     shape = np.shape(x)
@@ -569,6 +582,7 @@ def min_vwc(x, *, axis=None, keepdims=False):
     "Smallest value over `axis`: the cotangent goes to the minima, shared equally between ties."
     return _extremum_vwc(np.min, np.minimum, x, axis, keepdims)
 
+# %% ../nbs/03a_primitives.ipynb #p3a061
 @defvwc(np.var, unary=True)
 def var_vwc(x, *, axis=None, ddof=0, keepdims=False):
     "NumPy's variance, its value exactly; over one element it is constant, so its gradient is 0 there."
@@ -608,6 +622,7 @@ def swapaxes_vwc(x, *, axis1, axis2):
     "Two axes swapped: the cotangent swapped back."
     return np.swapaxes(x, axis1, axis2), lambda g: np.swapaxes(g, axis1, axis2)
 
+# %% ../nbs/03a_primitives.ipynb #p3a067
 @defvwc(np.squeeze, unary=True)
 def squeeze_vwc(x, *, axis=None):
     "Size-1 axes removed: the cotangent reshaped back."
@@ -632,6 +647,7 @@ def broadcast_to_vwc(x, *, shape):
     old = np.shape(x)
     return np.broadcast_to(x, shape), lambda g: unbroadcast(g, old)
 
+# %% ../nbs/03a_primitives.ipynb #p3a071
 @defvwc(name='scatter_add', unary=True)
 def scatter_add_vwc(g, *, index, like):
     "Zeros shaped like `like` with `g` added at `index` (repeats accumulate): the transpose of indexing."
@@ -650,6 +666,7 @@ def getitem_vwc(x, *, index):
     "x[index]: the cotangent scattered back into zeros shaped like x (repeated indices add)."
     return x[index], lambda g: scatter_add(g, index=index, like=x)
 
+# %% ../nbs/03a_primitives.ipynb #p3a075
 @defvwc(np.concatenate)
 def concatenate_vwc(*xs, axis=0):
     "Joined along `axis`: each input's cotangent is its slice of g."
