@@ -181,7 +181,8 @@ def _recomputed_rules(recomputed_vjp):
     # One pullback for all the inputs (the rule form of every primitive), run once per backward pass.
     # The recomputation reads the arguments again, constants too (`mul(x, c)`), so the engine must lock them until
     # the backward pass. `keeps=` cannot say "every argument" of a VWC that takes `*args`, so these rules declare
-    # nothing, and the engine looks into their chains' closures (`engine._keeps`): `kept` there says so.
+    # nothing, and the engine looks into their chains' closures (`engine._keeps`): `kept` there says so. (It cannot
+    # see into `structured_vwc`'s keyword arguments, which reach it inside a dict: those are not locked.)
     def structured_vwc(*leaves, rebuild, kwargs):
         value, leaf_cotangents = recomputed_vjp(*rebuild(leaves), **kwargs)
         kept = tuple(l for l in leaves if type(l) is np.ndarray)
@@ -192,7 +193,8 @@ def _recomputed_rules(recomputed_vjp):
     def vwc(*args, **kwargs):                              # each argument an array, a number, or a constant
         value, leaf_cotangents = recomputed_vjp(*args, **kwargs)
         is_leaf = [bool(flatten(a, static_ok=True)[0]) for a in args]
-        kept = tuple(a for a in args if type(a) is np.ndarray)
+        kept = tuple(a for v in (*args, *kwargs.values()) for a in (v if type(v) is tuple else (v,))
+                     if type(a) is np.ndarray)             # keyword arrays too (`c=buf`, `cs=(a, b)`): read again
         def per_argument(g):
             kept                                           # held: read by the recomputation (see above)
             cts = iter(leaf_cotangents(g))
