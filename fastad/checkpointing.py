@@ -40,6 +40,7 @@ def _same(a, b):
     if hasattr(a, 'shape'): return a.shape == b.shape and bool((a == b).all())
     return a == b
 
+# %% ../nbs/05_checkpointing.ipynb #cB05a05
 _WORDS = {}                               # NumPy's global RandomState -> its MT19937 state read in place, or None
 
 def _legacy_moved(g):
@@ -63,6 +64,7 @@ def _legacy_moved(g):
         return words[624] != s[2] or not np.array_equal(words[:624], s[1])
     return moved
 
+# %% ../nbs/05_checkpointing.ipynb #cB05a09
 class _Saved:
     "Generator `g` and its state at one moment: `restore()` puts it back there, `moved()` says if it has drawn since."
     __slots__ = ('g', 'put', 'moved_since', 'state')
@@ -87,6 +89,7 @@ def random_state(generators=()):
     Python's `random`, and the `generators` you pass (your own `np.random.default_rng(...)`, say)."""
     return [_Saved(g) for g in [*_global_generators(), *generators]]
 
+# %% ../nbs/05_checkpointing.ipynb #cB05a13
 _REPLAYS = threading.RLock()        # replays take turns: two threads rewinding one generator would mix their draws
 
 class replaying:
@@ -117,6 +120,7 @@ def _recomputed(f, args, kwargs, g):
     cts = pb(g)
     return value, (list(cts) if len(leaves) > 1 else [cts])
 
+# %% ../nbs/05_checkpointing.ipynb #cB05b05
 def _innermost(x):
     while type(x) is engine.Traced: x = x.value
     return x
@@ -133,6 +137,7 @@ def _fingerprint(value):
         else: out.append((leaf.sum(), abs(leaf).sum(), leaf.size, leaf.dtype))
     return out
 
+# %% ../nbs/05_checkpointing.ipynb #cB05b09
 def _check_replayed(name, fingerprint, again):
     "Raise if the recomputed value `again` differs from the forward pass's, as far as their fingerprints tell."
     for before, after in zip(fingerprint, _fingerprint(again)):
@@ -151,6 +156,53 @@ def _check_replayed(name, fingerprint, again):
                 f"with_recomputation_in_pullbacks, discarding_activations or checkpoint_sequential), or draw from "
                 f"fastad's generator (random_normal)")
 
+# %% ../nbs/05_checkpointing.ipynb #cB05b13
+def _recomputed_vjp(f, name, generators):
+    "The VJP of `f`, recomputed: `f`'s value, and a pullback that runs `f` again to give the cotangents of its leaves."
+    def recomputed_vjp(*args, **kwargs):
+        "f's value, computed on plain values (nothing taped, nothing saved), and a pullback that runs f again."
+        snapshot, rules = random_state(generators), rules_in_force()
+        value = f(*args, **kwargs)
+        _refuse_foreign_traces(name, value, args)        # a traced value reached through a closure: refused now
+        drawn = [s for s in snapshot if s.moved()]       # only the generators f drew from are kept, to replay
+        like, fingerprint = _door(value), _fingerprint(value)
+        def leaf_cotangents(g):
+            log = engine._log.get()                        # the trace_primitives log open here, if any
+            if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f
+            with replaying(drawn), rules_restored(rules, first=_REPLAYS): again, cts = _recomputed(f, args, kwargs, like(g) if like else g)
+            _check_replayed(name, fingerprint, again)
+            return cts
+        return value, leaf_cotangents
+    return recomputed_vjp
+
+# %% ../nbs/05_checkpointing.ipynb #cB05b17
+def _recomputed_rules(recomputed_vjp):
+    "The engine's two rule forms of a recomputed function: `vwc` for arrays and numbers, `structured_vwc` for structures' leaves."
+    # One pullback for all the inputs (the rule form of every primitive), run once per backward pass.
+    # The recomputation reads the arguments again, constants too (`mul(x, c)`), so the engine must lock them until
+    # the backward pass. `keeps=` cannot say "every argument" of a VWC that takes `*args`, so these rules declare
+    # nothing, and the engine looks into their chains' closures (`engine._keeps`): `kept` there says so. (It cannot
+    # see into `structured_vwc`'s keyword arguments, which reach it inside a dict: those are not locked.)
+    def structured_vwc(*leaves, rebuild, kwargs):
+        value, leaf_cotangents = recomputed_vjp(*rebuild(leaves), **kwargs)
+        kept = tuple(l for l in leaves if type(l) is np.ndarray)
+        def cotangents(g):
+            kept                                           # held: read by the recomputation (see above)
+            return leaf_cotangents(g)
+        return value, lambda g: _one_or_all(cotangents(g))
+    def vwc(*args, **kwargs):                              # each argument an array, a number, or a constant
+        value, leaf_cotangents = recomputed_vjp(*args, **kwargs)
+        is_leaf = [bool(flatten(a, static_ok=True)[0]) for a in args]
+        kept = tuple(a for v in (*args, *kwargs.values()) for a in (v if type(v) is tuple else (v,))
+                     if type(a) is np.ndarray)             # keyword arrays too (`c=buf`, `cs=(a, b)`): read again
+        def per_argument(g):
+            kept                                           # held: read by the recomputation (see above)
+            cts = iter(leaf_cotangents(g))
+            return [next(cts) if leaf else None for leaf in is_leaf]
+        return value, lambda g: _one_or_all(per_argument(g))
+    return vwc, structured_vwc
+
+# %% ../nbs/05_checkpointing.ipynb #cB05b21
 def make_recomputed_in_gradient(f, generators=()):
     """`f`, except that when it is differentiated its pullback runs `f` again instead of keeping the values
     `f`'s own pullback would save: less memory between the forward and the backward pass, one more forward run.
@@ -172,42 +224,8 @@ def make_recomputed_in_gradient(f, generators=()):
     name = getattr(f, '__name__', type(f).__name__)
     generators = tuple(generators)
     for g in generators: _state_of(g)                    # an unsupported generator is refused now
-
-    def recomputed_vjp(*args, **kwargs):
-        "f's value, computed on plain values (nothing taped, nothing saved), and a pullback that runs f again."
-        snapshot, rules = random_state(generators), rules_in_force()
-        value = f(*args, **kwargs)
-        _refuse_foreign_traces(name, value, args)        # a traced value reached through a closure: refused now
-        drawn = [s for s in snapshot if s.moved()]       # only the generators f drew from are kept, to replay
-        like, fingerprint = _door(value), _fingerprint(value)
-        def leaf_cotangents(g):
-            log = engine._log.get()                        # the trace_primitives log open here, if any
-            if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f
-            with replaying(drawn), rules_restored(rules, first=_REPLAYS): again, cts = _recomputed(f, args, kwargs, like(g) if like else g)
-            _check_replayed(name, fingerprint, again)
-            return cts
-        return value, leaf_cotangents
-
-    # One pullback for all the inputs (the rule form of every primitive), run once per backward pass.
-    # The recomputation reads the arguments again, constants too (`mul(x, c)`): `kept`, in the closure the engine
-    # looks into (`engine.lock`), says so, and a write into `c` before the backward pass is refused.
-    def structured_vwc(*leaves, rebuild, kwargs):
-        value, leaf_cotangents = recomputed_vjp(*rebuild(leaves), **kwargs)
-        kept = tuple(l for l in leaves if type(l) is np.ndarray)
-        def cotangents(g):
-            kept                                           # held: read by the recomputation (see above)
-            return leaf_cotangents(g)
-        return value, lambda g: _one_or_all(cotangents(g))
-    def vwc(*args, **kwargs):                              # each argument an array, a number, or a constant
-        value, leaf_cotangents = recomputed_vjp(*args, **kwargs)
-        is_leaf = [bool(flatten(a, static_ok=True)[0]) for a in args]
-        kept = tuple(a for a in args if type(a) is np.ndarray)
-        def per_argument(g):
-            kept                                           # held: read by the recomputation (see above)
-            cts = iter(leaf_cotangents(g))
-            return [next(cts) if leaf else None for leaf in is_leaf]
-        return value, lambda g: _one_or_all(per_argument(g))
-
+    recomputed_vjp = _recomputed_vjp(f, name, generators)
+    vwc, structured_vwc = _recomputed_rules(recomputed_vjp)
     fn = differentiable_function(recomputed_vjp, name=name, forward=f)   # its calling conventions; plain calls run f
     fn.vwc, fn.structured = vwc, Primitive(name, structured_vwc)
     fn.__doc__, fn.__wrapped__ = f.__doc__, f
@@ -280,12 +298,17 @@ class CheckpointedSequence(Layer):
             x = self.plan.recomputed(part, x) if recomputed else _run(part, x)
         return x
 
+# %% ../nbs/05_checkpointing.ipynb #cB05c05
 def even_segments(n, k):
     "`k` segments of `n` layers, as even as can be (the longer ones first), all recomputed: [(start, stop, True)]."
     sizes = [n // k + (i < n % k) for i in range(k)]
     starts = [sum(sizes[:i]) for i in range(k)]
     return [(s, s + size, True) for s, size in zip(starts, sizes)]
 
+# %% ../nbs/05_checkpointing.ipynb #c5c00015
+from .planner import LayerCost, measure_layers, estimate, plan_for_budget, _plain, _margin, _best_plan, _smallest_peak
+
+# %% ../nbs/05_checkpointing.ipynb #cB05c09
 class BudgetWarning(UserWarning):
     "No checkpoint plan keeps a step within the memory budget: the plan with the smallest peak runs instead."
 
@@ -293,6 +316,7 @@ def _input_key(x):
     "What a budget plan depends on: the shapes and dtypes of the input's arrays."
     return tuple((np.shape(l), str(getattr(l, 'dtype', type(l).__name__))) for l in flatten(_plain(x), static_ok=True)[0])
 
+# %% ../nbs/05_checkpointing.ipynb #cB05c13
 class CheckpointPlan:
     """Where a `CheckpointedSequence` checkpoints: fixed `segments`, or, for a `budget` in bytes, chosen from each
     layer's measured memory (`costs`) on the first call with each input shape, and kept for that shape (one plan,
@@ -329,6 +353,7 @@ class CheckpointPlan:
             f"{s}:{e}{' recomputed' if r else ''}" for s, e, r in self.segments)
         return f"CheckpointPlan({what}{'' if self.budget is None else f'; budget {self.budget:,} bytes'})"
 
+# %% ../nbs/05_checkpointing.ipynb #cB05c17
 def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
     """A layer running `layers` in turn, with checkpoints: `segments=k` splits them into `k` even segments, each
     recomputed in the backward pass (k ≈ √n keeps about 2√n activations instead of n); `budget=bytes` measures
@@ -353,6 +378,3 @@ def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
     plan = (CheckpointPlan(segments=even_segments(len(layers), segments), generators=generators) if segments
             else CheckpointPlan(budget=int(budget), generators=generators))
     return CheckpointedSequence(layers=list(layers), plan=plan)
-
-# %% ../nbs/05_checkpointing.ipynb #c5c00015
-from .planner import LayerCost, measure_layers, estimate, plan_for_budget, _plain, _margin, _best_plan, _smallest_peak

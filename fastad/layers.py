@@ -153,6 +153,7 @@ def _positive(op, name, value, zero_ok=False):
         raise ArgumentError(f"{op}: {name} must be a {'non-negative' if zero_ok else 'positive'} number, got {value!r}")
     return float(value)
 
+# %% ../nbs/04_custom_derivatives.ipynb #cB04a05
 def _parameter_keys(x, owner, path, keys):
     "For each leaf of `x`, in `flatten`'s order, the model that holds it and its path there: the same layer twice, the same keys."
     if is_leaf(x): keys.append((id(owner), path)); return
@@ -177,6 +178,7 @@ def _gathered(model, gradient, where):
         grads.append(g)
     return rebuild(grads, construct=False)
 
+# %% ../nbs/04_custom_derivatives.ipynb #cB04a09
 class Optimizer:
     "What every optimizer shares: the class of model it was made for, checked at each `update`."
     def __init__(self, model):
@@ -193,6 +195,7 @@ class Optimizer:
                                            f"for a {self.model_class.__name__}: pass that model and its gradient")
         return _gathered(model, along, f"{op}: along")
 
+# %% ../nbs/04_custom_derivatives.ipynb #cB04a13
 class SGD(Optimizer):
     """Stochastic gradient descent, PyTorch's formulas: `update(model, along=gradient)` keeps a velocity
     `v = momentum * v + gradient` per parameter (the first gradient to start) and moves `model` by `-learning_rate * v`."""
@@ -209,6 +212,7 @@ class SGD(Optimizer):
         else: self.velocity = tree_map(lambda v, g: self.momentum * v + g, self.velocity, g)
         return model.move(along=tree_map(lambda v: -self.learning_rate * v, self.velocity))
 
+# %% ../nbs/04_custom_derivatives.ipynb #cB04a17
 class Adam(Optimizer):
     """Adam (Kingma and Ba), PyTorch's formulas: running averages `m` of the gradient and `v` of its square, per
     parameter, corrected for their start at zero; each step moves by `-learning_rate * m̂ / (sqrt(v̂) + eps)`."""
@@ -231,4 +235,3 @@ class Adam(Optimizer):
         m_scale, v_scale = 1 / (1 - b1 ** self.steps), 1 / (1 - b2 ** self.steps)    # the bias corrections
         step = tree_map(lambda m, v: -self.learning_rate * (m * m_scale) / ((v * v_scale) ** 0.5 + self.eps), self.m, self.v)
         return model.move(along=step)
-
