@@ -211,7 +211,7 @@ def _distribution_rule(method):
             raise NoDerivativeError(f"scipy.stats.{self.name}.{method} has no derivative in fastad (it has {covered}). "
                                     f"Write its density with NumPy and scipy.special, or call it on "
                                     f"fastad.without_derivative(x) if no gradient should flow")
-        return _by_formula(lambda *xs: formula(*xs, **kwds), (x, *args), leading=1)
+        return _by_formula(formula, (x, *args), leading=1, kwargs=kwds)      # loc=, scale=, df=: by keyword too
     vjp.__name__ = vjp.__qualname__ = f"{method}_vjp"
     vjp.__doc__ = f"SciPy's `{method}` of the distributions in STATS: the textbook formula, differentiated by fastad."
     return vjp
@@ -222,16 +222,22 @@ def _is_float(a):
     dtype = getattr(v, 'dtype', None)
     return dtype.kind == 'f' if dtype is not None else type(v) is float
 
-def _by_formula(formula, args, leading=0):
-    """(value, pullback) of `formula(*args)`, differentiated by fastad in its floating-point arguments (integers, a
-    count, say, have no derivative). The pullback returns one cotangent per argument, after `leading` Nones (`self`)."""
-    floats = tuple(i for i, a in enumerate(args) if _is_float(a))
-    if not floats: return formula(*args), lambda g: (None,) * (leading + len(args))
-    value, pb = value_with_pullback(formula, *args, argnums=floats)
+def _by_formula(formula, args, leading=0, kwargs=None):
+    """(value, pullback) of `formula(*args, **kwargs)`, differentiated by fastad in its floating-point arguments
+    (integers, a count, say, have no derivative). The pullback returns one cotangent per positional argument, after
+    `leading` Nones (`self`), then, if there are `kwargs`, a dict of theirs (fastad's convention for keywords)."""
+    names = tuple(kwargs or ())
+    n, every = len(args), (*args, *(kwargs or {}).values())
+    def call(*xs): return formula(*xs[:n], **dict(zip(names, xs[n:])))
+    floats = tuple(i for i, a in enumerate(every) if _is_float(a))
+    if floats: value, pb = value_with_pullback(call, *every, argnums=floats)
+    else: value, pb = call(*every), None
     def pullback(g):
-        cts = [None] * (leading + len(args))
-        for i, c in zip(floats, pb(g)): cts[leading + i] = c
-        return tuple(cts)
+        cts = [None] * len(every)
+        if pb is not None:
+            for i, c in zip(floats, pb(g)): cts[i] = c
+        positional = (None,) * leading + tuple(cts[:n])
+        return (*positional, dict(zip(names, cts[n:]))) if names else positional
     return value, pullback
 
 for _method in ('logpdf', 'pdf', 'cdf', 'logcdf', 'sf'):
