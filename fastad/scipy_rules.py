@@ -170,6 +170,7 @@ def _norm_cdf(x, loc=0.0, scale=1.0): return _special.ndtr(_standard(x, loc, sca
 def _norm_logcdf(x, loc=0.0, scale=1.0): return _special.log_ndtr(_standard(x, loc, scale))
 def _norm_sf(x, loc=0.0, scale=1.0): return _special.ndtr(-_standard(x, loc, scale))
 
+# %% ../nbs/03g_scipy.ipynb #sp3d5daa
 def _t_logpdf(x, df, loc=0.0, scale=1.0):
     z = _standard(x, loc, scale)
     return (_special.gammaln((df + 1) / 2) - _special.gammaln(df / 2) - 0.5 * np.log(df * math.pi) - np.log(scale)
@@ -202,6 +203,7 @@ STATS = {   # (distribution, method) -> its formula, whose parameters are SciPy'
     ('poisson', 'logpmf'): _poisson_logpmf,
 }
 
+# %% ../nbs/03g_scipy.ipynb #sp3d5dab
 def _distribution_rule(method):
     "The rule of every distribution's `method` (they share SciPy's one function): the formula of `self`'s, differentiated."
     def vjp(self, x, *args, **kwds):

@@ -655,6 +655,7 @@ def rules_in_force():
 
 def _top(rules): return rules[1][-1] if rules else None
 
+# %% ../nbs/03d_transforms.ipynb #rg00000d
 _CONTESTED = {}      # id(of) -> [its redirection, how many replays need their own rule for it], with `_LOCK` held
 
 def _contest(key, redirection):
@@ -672,6 +673,7 @@ def _settle(key):
     c[1] -= 1
     if not c[1]: del _CONTESTED[key]                      # ...then forget
 
+# %% ../nbs/03d_transforms.ipynb #rg000007
 class rules_restored:
     """Context manager: the derivatives of `snapshot` (from `rules_in_force`) are in force inside, in this context (this
     thread, or asyncio task) only: other threads keep using the rules in force. Where they differ from this context's,
