@@ -269,11 +269,10 @@ def _keyword_cotangents(name, args, kwargs, traced, cts):
     pullback gives the keywords' in a dict after the positional ones, `(gx, {'loc': gloc})`; a traced keyword
     argument must be in it (None says "no derivative" on purpose)."""
     n = len(args)
-    if isinstance(cts, (tuple, list)) and len(cts) == n + 1 and isinstance(cts[-1], dict): cts, keywords = cts[:-1], cts[-1]
+    if isinstance(cts, (tuple, list)) and len(cts) == n + 1 and isinstance(cts[-1], dict): cts, keywords = tuple(cts[:-1]), cts[-1]
     elif n == 0 and isinstance(cts, dict): cts, keywords = (), cts
-    else: keywords = {}
-    if n == 1: cts = (cts[0] if isinstance(cts, (tuple, list)) and len(cts) == 1 else cts,)
-    elif not isinstance(cts, (tuple, list)):           # just the one differentiable positional argument's
+    else: cts, keywords = (cts,) if n == 1 else cts, {}        # positional cotangents only, as before
+    if not isinstance(cts, (tuple, list)):              # just the one differentiable positional argument's
         differentiable = [i for i, a in enumerate(args) if flatten(a, static_ok=True)[0]]
         cts = tuple(cts if i == differentiable[0] else None for i in range(n)) if len(differentiable) == 1 else cts
     if not isinstance(cts, (tuple, list)) or len(cts) != n:

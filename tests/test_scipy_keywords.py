@@ -131,3 +131,9 @@ def test_frozen_shapes():
     check(lambda x, a, s: stats.gamma(a, scale=s).logpdf(x), pos, 2.5, 1.5)
     check(lambda x, a, b: stats.beta(a, b).logpdf(x), np.array([0.1, 0.4, 0.8]), 2.0, 3.5)
     check(lambda mu: stats.poisson(mu).logpmf(np.array([0, 2, 5])), 2.5)
+
+def test_a_structured_argument_with_a_plain_keyword():
+    "One positional argument, a tuple of one, and a constant keyword: its cotangent is a tuple of one, as before."
+    def squared(p, *, scale): return p[0] ** 2 * scale
+    with fd.derivative(of=squared, vjp=lambda p, *, scale: (squared(p, scale=scale), lambda g: (2 * g * p[0] * scale,))):
+        assert fd.gradient(lambda p: squared(p, scale=2.0), (3.0,)) == (12.0,)
