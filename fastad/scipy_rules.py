@@ -11,10 +11,9 @@ __all__ = ['RULES', 'SQRT_PI', 'SQRT_2PI', 'LOG_2PI', 'STATS', 'logpmf_vjp', 'RE
 # %% ../nbs/03g_scipy.ipynb #sp6f2496
 import importlib, importlib.abc, importlib.util, math, sys, threading, warnings
 import numpy as np
-from .backend import array_module
 from .engine import unbox
 from .errors import NoDerivativeError, ShapeError
-from .primitives import unbroadcast
+from .primitives import unbroadcast, _module_under
 from .transforms import derivative, value_with_pullback
 from . import dispatch
 
@@ -170,6 +169,7 @@ def _norm_cdf(x, loc=0.0, scale=1.0): return _special.ndtr(_standard(x, loc, sca
 def _norm_logcdf(x, loc=0.0, scale=1.0): return _special.log_ndtr(_standard(x, loc, scale))
 def _norm_sf(x, loc=0.0, scale=1.0): return _special.ndtr(-_standard(x, loc, scale))
 
+# %% ../nbs/03g_scipy.ipynb #sp3d5daa
 def _t_logpdf(x, df, loc=0.0, scale=1.0):
     z = _standard(x, loc, scale)
     return (_special.gammaln((df + 1) / 2) - _special.gammaln(df / 2) - 0.5 * np.log(df * math.pi) - np.log(scale)
@@ -202,6 +202,7 @@ STATS = {   # (distribution, method) -> its formula, whose parameters are SciPy'
     ('poisson', 'logpmf'): _poisson_logpmf,
 }
 
+# %% ../nbs/03g_scipy.ipynb #sp3d5dab
 def _distribution_rule(method):
     "The rule of every distribution's `method` (they share SciPy's one function): the formula of `self`'s, differentiated."
     def vjp(self, x, *args, **kwds):
@@ -211,7 +212,7 @@ def _distribution_rule(method):
             raise NoDerivativeError(f"scipy.stats.{self.name}.{method} has no derivative in fastad (it has {covered}). "
                                     f"Write its density with NumPy and scipy.special, or call it on "
                                     f"fastad.without_derivative(x) if no gradient should flow")
-        return _by_formula(lambda *xs: formula(*xs, **kwds), (x, *args), leading=1)
+        return _by_formula(formula, (x, *args), leading=1, kwargs=kwds)      # loc=, scale=, df=: by keyword too
     vjp.__name__ = vjp.__qualname__ = f"{method}_vjp"
     vjp.__doc__ = f"SciPy's `{method}` of the distributions in STATS: the textbook formula, differentiated by fastad."
     return vjp
@@ -222,16 +223,22 @@ def _is_float(a):
     dtype = getattr(v, 'dtype', None)
     return dtype.kind == 'f' if dtype is not None else type(v) is float
 
-def _by_formula(formula, args, leading=0):
-    """(value, pullback) of `formula(*args)`, differentiated by fastad in its floating-point arguments (integers, a
-    count, say, have no derivative). The pullback returns one cotangent per argument, after `leading` Nones (`self`)."""
-    floats = tuple(i for i, a in enumerate(args) if _is_float(a))
-    if not floats: return formula(*args), lambda g: (None,) * (leading + len(args))
-    value, pb = value_with_pullback(formula, *args, argnums=floats)
+def _by_formula(formula, args, leading=0, kwargs=None):
+    """(value, pullback) of `formula(*args, **kwargs)`, differentiated by fastad in its floating-point arguments
+    (integers, a count, say, have no derivative). The pullback returns one cotangent per positional argument, after
+    `leading` Nones (`self`), then, if there are `kwargs`, a dict of theirs (fastad's convention for keywords)."""
+    names = tuple(kwargs or ())
+    n, every = len(args), (*args, *(kwargs or {}).values())
+    def call(*xs): return formula(*xs[:n], **dict(zip(names, xs[n:])))
+    floats = tuple(i for i, a in enumerate(every) if _is_float(a))
+    if floats: value, pb = value_with_pullback(call, *every, argnums=floats)
+    else: value, pb = call(*every), None
     def pullback(g):
-        cts = [None] * (leading + len(args))
-        for i, c in zip(floats, pb(g)): cts[leading + i] = c
-        return tuple(cts)
+        cts = [None] * len(every)
+        if pb is not None:
+            for i, c in zip(floats, pb(g)): cts[i] = c
+        positional = (None,) * leading + tuple(cts[:n])
+        return (*positional, dict(zip(names, cts[n:]))) if names else positional
     return value, pullback
 
 for _method in ('logpdf', 'pdf', 'cdf', 'logcdf', 'sf'):
@@ -247,7 +254,7 @@ def _squeezed(out):
 def _mvn_logpdf(x, mean=None, cov=1, allow_singular=False):
     "log N(x; mean, cov) through the Cholesky factor L of cov: -(d log 2π + 2 Σ log Lᵢᵢ + |L⁻¹(x - mean)|²) / 2."
     d = np.shape(mean)[-1] if np.ndim(mean) == 1 else np.shape(cov)[0] if np.ndim(cov) >= 1 else 1
-    xp = array_module(unbox(x))
+    xp = _module_under(x)
     if np.ndim(cov) == 0: cov = cov * xp.eye(d)
     elif np.ndim(cov) == 1: cov = cov * xp.eye(d)            # the variances on the diagonal
     if np.ndim(x) == 0: x = np.reshape(x, (1, 1))
@@ -329,7 +336,7 @@ def expm_vjp(A):
     n = np.shape(A)[-1]
     def pullback(g):
         At = _mT(A)
-        zeros = array_module(unbox(At)).zeros(np.shape(At), dtype=np.result_type(unbox(At)))
+        zeros = _module_under(At).zeros(np.shape(At), dtype=np.result_type(unbox(At)))
         block = np.concatenate([np.concatenate([At, g], axis=-1), np.concatenate([zeros, At], axis=-1)], axis=-2)
         return _linalg.expm(block)[..., :n, n:]
     return _linalg.expm(A), pullback

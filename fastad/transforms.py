@@ -263,6 +263,39 @@ def _arg_cotangents(name, args, cts):
         per_arg.append(leaves)
     return per_arg
 
+def _keyword_cotangents(name, args, kwargs, traced, cts):
+    """What a custom pullback returned for a call with keyword arguments, as `(*positional, keywords)`: the
+    positional cotangents (as `_arg_cotangents` takes them) and a dict with a cotangent (or None) per keyword. The
+    pullback gives the keywords' in a dict after the positional ones, `(gx, {'loc': gloc})`; a traced keyword
+    argument must be in it (None says "no derivative" on purpose)."""
+    n = len(args)
+    if isinstance(cts, (tuple, list)) and len(cts) == n + 1 and isinstance(cts[-1], dict): cts, keywords = tuple(cts[:-1]), cts[-1]
+    elif n == 0 and isinstance(cts, dict): cts, keywords = (), cts
+    else: cts, keywords = (cts,) if n == 1 else cts, {}        # positional cotangents only, as before
+    if not isinstance(cts, (tuple, list)):              # just the one differentiable positional argument's
+        differentiable = [i for i, a in enumerate(args) if flatten(a, static_ok=True)[0]]
+        cts = tuple(cts if i == differentiable[0] else None for i in range(n)) if len(differentiable) == 1 else cts
+    if not isinstance(cts, (tuple, list)) or len(cts) != n:
+        got = f"{len(cts)} positional cotangents" if isinstance(cts, (tuple, list)) else f"a {type(cts).__name__}"
+        raise DifferentiationError(f"pullback of {name} returned {got} for {n} positional inputs: return a tuple of "
+                                   f"{n}, one per positional input, then a dict of the keyword arguments' cotangents")
+    for k in keywords:
+        if k not in kwargs:
+            raise DifferentiationError(f"pullback of {name} returned a cotangent for keyword argument {k}=, which the "
+                                       f"call did not pass (it passed {', '.join(map(repr, kwargs)) or 'none'})")
+    for k in traced:
+        if k not in keywords:
+            raise DifferentiationError(
+                f"pullback of {name}: the keyword argument {k}= is traced, but the pullback returned no cotangent for it: "
+                f"return the positional cotangents followed by a dict, (..., {{{k!r}: cotangent}}) (None for no derivative)")
+    return (*cts, {k: keywords.get(k) for k in kwargs})
+
+def _positional_cotangents(name, args, kwargs, cts):
+    "A custom pullback's cotangents for the positional arguments, its keyword ones (constants here: no input) dropped."
+    if not kwargs: return cts
+    cts = _keyword_cotangents(name, args, kwargs, (), cts)[:-1]
+    return cts[0] if len(args) == 1 else cts
+
 def _traces(x):
     "The traces `x` takes part in: those of its traced leaves, at every level under each."
     found = set()
@@ -343,6 +376,10 @@ class CustomFunction(Primitive):
         if self.forward is not None and not _has_traced(args) and not (kwargs and _has_traced(kwargs)):
             return self._plain(args, kwargs)            # a registered function on plain values: called as it was written
         if kwargs or (self.arity is not None and len(args) != self.arity): args, kwargs = self._positional(args, kwargs)
+        if kwargs and _has_traced(kwargs):              # `loc=mu`: a keyword argument is an input like the others
+            leaves, rebuild = flatten((*args, kwargs), where=self.name, arguments=True, static_ok=True)
+            traced = tuple(k for k, v in kwargs.items() if _has_traced(v))
+            return apply(self.by_keyword, leaves, dict(rebuild=rebuild, traced=traced))
         if any(is_container(a) for a in args):
             leaves, rebuild = flatten(args, where=self.name, arguments=True, static_ok=True)
             if not any(type(l) is Traced for l in leaves): return self._plain(args, kwargs)
@@ -358,13 +395,12 @@ class CustomFunction(Primitive):
         return value
 
     def _positional(self, args, kwargs):
-        "Every positional parameter, given or defaulted, as a positional argument: the VJP's pullback returns one cotangent each."
+        """The call bound to the VJP's signature: every positional parameter, given (by position or by name) or
+        defaulted, as a positional argument; what is left (keyword-only parameters, `**kwargs`) stays a keyword."""
         if self.signature is None: return args, kwargs
         try: bound = self.signature.bind(*args, **kwargs)
         except TypeError as e: raise DifferentiationError(f"{self.name}: these arguments do not fit its VJP {self.signature}: {e}") from None
         bound.apply_defaults()
-        if any(_has_traced(v) for v in bound.kwargs.values()):
-            raise DifferentiationError(f"{self.name}: a keyword-only argument cannot be differentiated; pass it by position")
         return bound.args, bound.kwargs
 
 # %% ../nbs/03d_transforms.ipynb #6d7asp03
@@ -383,7 +419,10 @@ def _signature(vjp):
 def differentiable_function(vjp, name=None, forward=None):
     """A differentiable function from its VJP: `vjp(*xs)` returns `(value, pullback)`, and `pullback(v)`
     returns the cotangent of `x`, or a tuple of them, one per positional parameter (given or defaulted; `None`
-    for one that gets none; just the one when only one argument is differentiable, as `x` in `f(x, axis)`).
+    for one that gets none; just the one when only one argument is differentiable, as `x` in `f(x, axis)`). The call
+    is bound to the VJP's signature: a keyword naming a positional parameter is that parameter; the other keyword
+    arguments (keyword-only, `**kwargs`) reach the VJP as keywords, and the pullback of a call that has some may
+    follow the positional cotangents with a dict of theirs, `(gx, {'loc': gloc})`: a traced one must be in it.
     Arguments and the value may be structures (tuples, dicts, `Differentiable` models): a cotangent then has
     the structure of what it belongs to, and `None` stands for zeros."""
     if not callable(vjp): raise DifferentiationError(f"differentiable_function: vjp must be a function, not {_describe(vjp)}")
@@ -397,25 +436,37 @@ def differentiable_function(vjp, name=None, forward=None):
             raise DifferentiationError(f"{name}: a VJP returns (value, pullback), with a function as pullback; got "
                                        f"{_describe(out)}. Pass the VJP, not the plain function")
         value, pb = out
-        _refuse_foreign_traces(name, value, args)
-        if _has_traced(args): value = fn(*args, **kwargs)
+        _refuse_foreign_traces(name, value, (args, kwargs))
+        if _has_traced(args) or (kwargs and _has_traced(kwargs)): value = fn(*args, **kwargs)
         return value, _pullback_of(name, pb)
     # The rule form of every primitive: the value, and one pullback for all the inputs (a tuple of their cotangents,
     # just the one for one input), which the engine runs once per backward pass (`engine.record`).
     def vwc(*xs, **kwargs):
         value, pb = value_and_pullback(xs, kwargs)
         door = _door(value)                       # the pullback keeps the result's shape, not its arrays
-        def pullback(g): return _one_or_all([leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, pb(door(g)))])
+        def pullback(g):
+            cts = _positional_cotangents(name, xs, kwargs, pb(door(g)))
+            return _one_or_all([leaves[0] if leaves else None for leaves in _arg_cotangents(name, xs, cts)])
         return value, pullback
     def structured_vwc(*leaves, rebuild, kwargs):
         args = rebuild(leaves)
         value, pb = value_and_pullback(args, kwargs)
         door = _door(value)
-        def pullback(g): return _one_or_all([c for per_arg in _arg_cotangents(name, args, pb(door(g))) for c in per_arg])
+        def pullback(g):
+            cts = _positional_cotangents(name, args, kwargs, pb(door(g)))
+            return _one_or_all([c for per_arg in _arg_cotangents(name, args, cts) for c in per_arg])
+        return value, pullback
+    def keyword_vwc(*leaves, rebuild, traced):
+        *args, kwargs = rebuild(leaves)                 # a traced keyword argument: its leaves are inputs too
+        value, pb = value_and_pullback(tuple(args), kwargs)
+        door = _door(value)
+        def pullback(g):
+            cts = _keyword_cotangents(name, args, kwargs, traced, pb(door(g)))
+            return _one_or_all([c for per_arg in _arg_cotangents(name, (*args, kwargs), cts) for c in per_arg])
         return value, pullback
     vwc.__doc__ = vjp.__doc__
     fn = CustomFunction(name, vwc, forward=forward)
-    fn.structured, fn.vjp = Primitive(name, structured_vwc), vjp
+    fn.structured, fn.by_keyword, fn.vjp = Primitive(name, structured_vwc), Primitive(name, keyword_vwc), vjp
     fn.signature, fn.arity = _signature(vjp)
     return fn
 
@@ -603,6 +654,7 @@ def rules_in_force():
 
 def _top(rules): return rules[1][-1] if rules else None
 
+# %% ../nbs/03d_transforms.ipynb #rg00000d
 _CONTESTED = {}      # id(of) -> [its redirection, how many replays need their own rule for it], with `_LOCK` held
 
 def _contest(key, redirection):
@@ -620,6 +672,7 @@ def _settle(key):
     c[1] -= 1
     if not c[1]: del _CONTESTED[key]                      # ...then forget
 
+# %% ../nbs/03d_transforms.ipynb #rg000007
 class rules_restored:
     """Context manager: the derivatives of `snapshot` (from `rules_in_force`) are in force inside, in this context (this
     thread, or asyncio task) only: other threads keep using the rules in force. Where they differ from this context's,
