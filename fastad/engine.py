@@ -49,8 +49,8 @@ class Traced:
     __slots__ = ('value', '_recording', 'idx')   # not `trace`: `x.trace()` is NumPy's trace
     __array_priority__ = 1000                     # NumPy asks a Traced operand first, even beside an ndarray
     def __repr__(self): return f"Traced({self.value!r}, level={self._recording.level})"
-    # The name this slot had before, read by the transforms until they say `_recording`.
-    _trace = property(lambda self: self._recording)
+
+Traced._trace = Traced._recording    # the same slot under the name it had before, read by the transforms until they say `_recording`
 
 def _new(recording, value, entry):
     t = Traced.__new__(Traced)
@@ -400,6 +400,8 @@ def __int__(self: Traced): raise _conversion("int()")
 def __index__(self: Traced): raise _conversion("using it as an index or a size (int)")
 @patch
 def __complex__(self: Traced): raise _conversion("complex()")
+# @patch keeps a method it replaces as `_orig_<name>`: object's comparisons and hash are not worth keeping on Traced
+for _name in ('__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__', '__hash__'): delattr(Traced, '_orig_' + _name)
 
 # %% ../nbs/03b_engine.ipynb #f64ede7f
 # array attributes and methods
