@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['ARGUMENT', 'Recording', 'Traced', 'apply', 'apply_scalar', 'Outputs', 'backward', 'unbox', 'unbox_all', 'is_traced',
-           'record', 'lock', 'lock_arguments', 'release', 'saved_array_written', 'full_collections_paused', 'trace',
-           'PrimitiveLog', 'trace_primitives']
+           'record', 'lock', 'lock_arguments', 'release', 'release_when_dropped', 'saved_array_written',
+           'full_collections_paused', 'trace', 'PrimitiveLog', 'trace_primitives']
 
 # %% ../nbs/03b_engine.ipynb #233f65a9
 import gc, itertools, sys, threading, types, weakref
@@ -687,6 +687,17 @@ def release(recording):
             for ref in list(entry[2].values()):
                 view = ref()
                 if view is not None: view.setflags(write=True)
+
+# %% ../nbs/03b_engine.ipynb #795bcf1b
+_pending_releases = set()     # the weak references release_when_dropped made: a weak reference must live for its callback to run
+
+def release_when_dropped(owner, recording):
+    "Give back the arrays `recording` locked once `owner` (a pullback) is dropped; nothing is made if it locked none."
+    if not recording.locks: return
+    def dropped(ref, pending=_pending_releases, release=release, finalizing=sys.is_finalizing):
+        pending.discard(ref)
+        if not finalizing(): release(recording)       # at interpreter exit nothing needs its flag back
+    _pending_releases.add(weakref.ref(owner, dropped))
 
 # %% ../nbs/03b_engine.ipynb #181cf548
 def _lock_declared(recording, prim, args, kwargs):
