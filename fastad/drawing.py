@@ -108,7 +108,7 @@ def tape_of(f, *args):
     trace = Recording()
     try: out = f(*rebuild([trace.new_input(p) for p in primals]))
     finally: trace.active = False
-    outs = [o for o in flatten(out, where=f"the result of {name}")[0] if type(o) is Traced and o._trace is trace]
+    outs = [o for o in flatten(out, where=f"the result of {name}")[0] if type(o) is Traced and o._recording is trace]
     seeds = {o.idx: np.ones_like(o.value) if is_array(o.value) else type(o.value)(1) for o in outs}
     shapes = _shape_sweep(trace.tape, seeds)
     inputs = {id(p): i for i, p in enumerate(primals)}

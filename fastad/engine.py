@@ -50,7 +50,6 @@ class Traced:
     __array_priority__ = 1000                     # NumPy asks a Traced operand first, even beside an ndarray
     def __repr__(self): return f"Traced({self.value!r}, level={self._recording.level})"
 
-Traced._trace = Traced._recording    # the same slot under the name it had before, read by the transforms until they say `_recording`
 
 def _new(recording, value, entry):
     t = Traced.__new__(Traced)

@@ -8,7 +8,7 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
            'registered_derivative', 'rules_in_force', 'rules_restored', 'without_derivative', 'with_derivative']
 
 # %% ../nbs/03d_transforms.ipynb #10b2d9d2
-import inspect, sys, threading, types, warnings, weakref
+import inspect, sys, threading, types, warnings
 import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES
@@ -105,13 +105,10 @@ def _read_only(v):
     v.flags.writeable = False
     return v
 
-_pending_releases = set()         # weak references to live pullbacks whose tapes locked a user's array
-
-def _release_when_dropped(pullback, trace):
-    "Give back the arrays `trace` locked once `pullback` is dropped (no weak reference is made if there are none)."
-    if not trace.locks: return
-    def dropped(ref): _pending_releases.discard(ref); engine.release(trace)
-    _pending_releases.add(weakref.ref(pullback, dropped))
+def _release_when_dropped(pullback, recording):
+    """Give back the arrays `recording` locked once `pullback` is dropped: `engine.release_when_dropped`, whose callback
+    reads no globals, so a notebook's namespace cleared at exit makes no noise."""
+    engine.release_when_dropped(pullback, recording)
 
 # %% ../nbs/03d_transforms.ipynb #edc2sp02
 def _value_with_pullback(f, args, once=False):
@@ -139,7 +136,7 @@ def _value_with_pullback(f, args, once=False):
         outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
         value = rebuild_out([unbox(o, trace) if once else _read_only(unbox(o, trace)) for o in outs])
     except BaseException: engine.release(trace); raise
-    mine = [o if type(o) is Traced and o._trace is trace else None for o in outs]
+    mine = [o if type(o) is Traced and o._recording is trace else None for o in outs]
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
                       f"derivative is always zero; if that is intended, say so with without_derivative",
@@ -197,7 +194,7 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
 
 def _without_ended_levels(x):
     "`x` without the levels of transforms that have ended (those still running keep theirs)."
-    while type(x) is Traced and not x._trace.active: x = x.value
+    while type(x) is Traced and not x._recording.active: x = x.value
     return x
 
 def _with_aux(f, args, argnums):
@@ -301,7 +298,7 @@ def _traces(x):
     found = set()
     for leaf in (flatten(x, static_ok=True)[0] if is_container(x) else (x,)):
         while type(leaf) is Traced:
-            found.add(leaf._trace)
+            found.add(leaf._recording)
             leaf = leaf.value
     return found
 
@@ -708,7 +705,7 @@ def _stop(x):
     An array comes as a read-only view: it is the tape's own, which a chain may read in the backward pass."""
     if type(x) is not Traced: return x
     while type(x) is Traced:
-        x._trace.stopped = True
+        x._recording.stopped = True
         x = x.value
     return _read_only(x)
 

@@ -26,7 +26,7 @@ def test_the_recording_print_and_listing_have_names_of_their_own():
     assert callable(fd.trace) and fd.trace is engine.trace
     assert not hasattr(engine, 'Trace') and not hasattr(fd, 'Tape')
     r = engine.Recording(); x = r.new_input(np.ones(2))
-    assert x._trace is r and r.level >= 1 and r.tape == [None]
+    assert x._recording is r and r.level >= 1 and r.tape == [None]
     listing = fd.tape_of(lambda x: np.sin(x).sum(), np.ones(3))
     assert type(listing) is drawing.TapeListing is fd.TapeListing
     assert [e.op for e in listing.primitives] == ['sin', 'sum']
