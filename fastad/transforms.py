@@ -260,6 +260,7 @@ def _arg_cotangents(name, args, cts):
         per_arg.append(leaves)
     return per_arg
 
+# %% ../nbs/03d_transforms.ipynb #sk0001d
 def _keyword_cotangents(name, args, kwargs, traced, cts):
     """What a custom pullback returned for a call with keyword arguments, as `(*positional, keywords)`: the
     positional cotangents (as `_arg_cotangents` takes them) and a dict with a cotangent (or None) per keyword. The
@@ -293,6 +294,7 @@ def _positional_cotangents(name, args, kwargs, cts):
     cts = _keyword_cotangents(name, args, kwargs, (), cts)[:-1]
     return cts[0] if len(args) == 1 else cts
 
+# %% ../nbs/03d_transforms.ipynb #sk0001h
 def _traces(x):
     "The traces `x` takes part in: those of its traced leaves, at every level under each."
     found = set()
@@ -413,6 +415,7 @@ def _signature(vjp):
     if inspect.Parameter.VAR_POSITIONAL in kinds: return sig, None
     return sig, sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
 
+# %% ../nbs/03d_transforms.ipynb #sk0002d
 def differentiable_function(vjp, name=None, forward=None):
     """A differentiable function from its VJP: `vjp(*xs)` returns `(value, pullback)`, and `pullback(v)`
     returns the cotangent of `x`, or a tuple of them, one per positional parameter (given or defaulted; `None`
