@@ -13,7 +13,7 @@ import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES
 from . import engine
-from .engine import Recording, Traced, apply, backward, unbox, full_collections_paused
+from .engine import Recording, Traced, apply, backward, unbox, collector_tuned_for_tapes
 from .errors import DifferentiationError, NonScalarOutputError, _name
 from .trampoline import _trampoline, _labelled_like
 from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, map_structure, _describe, _has_traced
@@ -125,7 +125,7 @@ def _value_with_pullback(f, args, once=False):
     trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
     engine.lock_arguments(trace, primals)             # and the arguments: `np.sin(x)`'s chain reads x
     recorded = False
-    with full_collections_paused():                   # see the engine: the collector would walk the growing tape
+    with collector_tuned_for_tapes():                 # see the engine: the collector would walk the growing tape
         try:
             out = f(*rebuild([trace.new_input(p) for p in primals]))
             recorded = True
@@ -157,7 +157,7 @@ def _value_with_pullback(f, args, once=False):
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
         try:
-            with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+            with collector_tuned_for_tapes(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
         finally:
             if once: engine.release(trace)             # the tape is gone: the user's arrays are theirs again
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
@@ -190,7 +190,7 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
     `((value, aux), gradient)`."""
     if has_aux: return _with_aux(f, args, argnums)
     f, args, shaped = _differentiated('value_with_gradient', f, args, argnums)
-    with full_collections_paused():                   # one pause over both passes: no full collection in between
+    with collector_tuned_for_tapes():                 # one pause over both passes: no full collection in between
         value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
         grads = pb(_seed(value, f))
         return value, (grads if shaped is None else shaped(grads))
