@@ -215,15 +215,19 @@ def backward(trace, seeds, consume=False):
             c = chain(g)
             if c is None: continue                    # a custom pullback may give no cotangent for an input
             if type(j) is not int:                    # one pullback for several inputs: a cotangent each
-                _collect_each(cts, j, c)
+                _collect_each(cts, j, c, name)
                 continue
             old = cts[j]
             cts[j] = c if old is None else old + c    # a value used twice collects both cotangents
         del entry, parents, g
     return cts
 
-def _collect_each(cts, places, cs):
+def _collect_each(cts, places, cs, name):
     "Add the cotangents `cs` a pullback gave for all its inputs to those of their `places` (None: a constant's, dropped)."
+    if not isinstance(cs, (tuple, list)) or len(cs) != len(places):   # zip would walk an array, or drop an input
+        raise DifferentiationError(f"the pullback of {name} serves its {len(places)} inputs at once, so it must return "
+                                   f"a tuple or list of exactly {len(places)} cotangents (None for an input without one); "
+                                   f"it returned {f'{len(cs)} of them' if isinstance(cs, (tuple, list)) else type(cs).__name__}")
     for j, c in zip(places, cs):
         if j is None or c is None: continue
         old = cts[j]

@@ -56,3 +56,24 @@ def test_the_users_gc_disable_inside_f_survives(collector_settings):
     assert not gc.isenabled()
     assert gc.get_threshold() == collector_settings
 
+# A pullback serving several inputs at once gives exactly one cotangent per input
+
+from fastad.errors import DifferentiationError
+from fastad.primitives import Primitive
+
+def test_a_pullback_for_two_inputs_returning_one_array_is_refused():
+    f = Primitive('times_one_array', lambda x, y: (x * y, lambda g: g * y))
+    x, y = np.array([1., 2., 3.]), np.array([4., 5., 6.])
+    with pytest.raises(DifferentiationError, match=r"times_one_array.*exactly 2 cotangents"):
+        fd.gradient(lambda x, y: (f(x, y) * np.array([1., 2., 3.])).sum(), x, y)   # zip walked the array
+
+def test_a_pullback_for_two_inputs_returning_one_cotangent_is_refused():
+    f = Primitive('times_one_cotangent', lambda x, y: (x * y, lambda g: (g * y,)))
+    with pytest.raises(DifferentiationError, match=r"times_one_cotangent.*exactly 2 cotangents.*returned 1"):
+        fd.gradient(lambda x, y: f(x, y).sum(), np.ones(3), np.ones(3))            # y's gradient silently zero
+
+def test_a_pullback_for_two_inputs_returning_two_cotangents_works():
+    f = Primitive('times', lambda x, y: (x * y, lambda g: [g * y, None]))
+    x, y = np.array([1., 2., 3.]), np.array([4., 5., 6.])
+    gx, gy = fd.gradient(lambda x, y: (f(x, y) * np.array([1., 2., 3.])).sum(), x, y)
+    np.testing.assert_allclose(gx, [4., 10., 18.]); np.testing.assert_allclose(gy, 0.)
