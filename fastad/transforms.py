@@ -440,6 +440,7 @@ class Registration:
 
 _LOCK = threading.RLock()
 _REDIRECTIONS = {}       # id(of) -> the redirection of `of`'s calls, with its stack of registrations
+_CONTESTED = {}          # id(of) -> [its redirection, how many replays need their own rule for it] (see `rules_restored`)
 
 class _Redirection:
     "How calls of `of` reach a derivative: the last registration is in force; with none left, `of` is as it was."
@@ -447,6 +448,7 @@ class _Redirection:
     def push(self, registration):
         self.stack.append(registration)
         self.install(registration.function)
+        if id(self.of) in _CONTESTED: self.contest()      # a replay running meanwhile keeps its own rule
     def remove(self, registration):
         "Take `registration` out, restoring what was in force before it first, then forgetting it (safe to repeat)."
         rest = [r for r in self.stack if r is not registration]
@@ -454,6 +456,7 @@ class _Redirection:
         else: self.restore()
         self.stack = rest
         if not rest: _REDIRECTIONS.pop(id(self.of), None)
+        if id(self.of) in _CONTESTED: self.contest()      # (as in `push`)
     def in_force(self):
         "The function in force for `of` outside any replay: the last registration's, or None."
         current = _REDIRECTIONS.get(id(self.of))
@@ -535,6 +538,7 @@ class _NameRedirection(_Redirection):
 def _redirection(of, caller_globals):
     "The redirection of `of`'s calls, made on its first registration."
     if id(of) in _REDIRECTIONS: return _REDIRECTIONS[id(of)]
+    if id(of) in _CONTESTED: r = _REDIRECTIONS[id(of)] = _CONTESTED[id(of)][0]; return r   # emptied during a replay: it knows what to restore
     if isinstance(of, np.ufunc) or (hasattr(of, '_implementation') and (getattr(of, '__module__', None) or '').startswith('numpy')):
         r = _RegistryRedirection(of)
     elif isinstance(of, types.FunctionType): r = _PythonFunctionRedirection(of)
@@ -603,7 +607,7 @@ def rules_in_force():
 
 def _top(rules): return rules[1][-1] if rules else None
 
-_CONTESTED = {}      # id(of) -> [its redirection, how many replays need their own rule for it], with `_LOCK` held
+# `_CONTESTED` (defined with `_REDIRECTIONS`, which reads it) changes with `_LOCK` held
 
 def _contest(key, redirection):
     "From now on, calls of `key`'s function look up the rule of their own context (see `CONTEXT_RULES`)."
@@ -622,12 +626,11 @@ def _settle(key):
 
 class rules_restored:
     """Context manager: the derivatives of `snapshot` (from `rules_in_force`) are in force inside, in this context (this
-    thread, or asyncio task) only: other threads keep using the rules in force. Where they differ from this context's,
-    the registry stays locked meanwhile (no registration changes), taken after the lock `first` (one order)."""
+    thread, or asyncio task) only: other threads keep using the rules in force, and may register and undo meanwhile.
+    The registry's lock is held only while contesting and settling, never over the replay (`first` is not taken)."""
     def __init__(self, snapshot, first=None): self.snapshot, self.first, self.changes, self.token = snapshot, first, None, None
     def __enter__(self):
         if not self.snapshot and not _REDIRECTIONS and not CONTEXT_RULES.get(): return
-        if self.first is not None: self.first.acquire()
         _LOCK.acquire()
         self.changes = {}
         try:
@@ -639,15 +642,16 @@ class rules_restored:
                 _contest(k, (now.get(k) or changes[k])[0])                                # ...which it alone looks up
                 self.changes[k] = changes[k]
         except BaseException: self.__exit__(); raise
+        finally: _LOCK.release()                          # the replay itself runs unlocked
     def __exit__(self, *exc):
         if self.changes is None: return
+        _LOCK.acquire()
         try:
             for k in self.changes: _settle(k)
             if self.token is not None: CONTEXT_RULES.reset(self.token)
         finally:
             self.changes = self.token = None
             _LOCK.release()
-            if self.first is not None: self.first.release()
 
 # %% ../nbs/03d_transforms.ipynb #c3d5e7f9
 def _stop(x):

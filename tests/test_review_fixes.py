@@ -77,3 +77,74 @@ def test_a_pullback_for_two_inputs_returning_two_cotangents_works():
     x, y = np.array([1., 2., 3.]), np.array([4., 5., 6.])
     gx, gy = fd.gradient(lambda x, y: (f(x, y) * np.array([1., 2., 3.])).sum(), x, y)
     np.testing.assert_allclose(gx, [4., 10., 18.]); np.testing.assert_allclose(gy, 0.)
+
+# A checkpoint's replay holds the registry's lock only while it contests and settles its rules
+
+def sin_of(x): return np.sin(x)
+
+def test_another_threads_checkpointed_gradient_runs_during_a_replay():
+    in_replay, done_other, waited, replaying = threading.Event(), threading.Event(), [], [False]
+    def body(x):
+        if replaying[0]:
+            in_replay.set()
+            waited.append(done_other.wait(5))     # a barrier between workers, say
+        return sin_of(x)
+    ck = fd.make_recomputed_in_gradient(body)
+    pb = fd.pullback(lambda x: ck(x).sum(), np.ones(2))
+    with fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 2 * g * np.cos(x))):   # registered after the forward pass
+        def replay():
+            replaying[0] = True
+            pb(1.0)
+        t = threading.Thread(target=replay); t.start()
+        assert in_replay.wait(5)
+        other, seen = fd.make_recomputed_in_gradient(lambda x: np.cos(x)), []
+        u = threading.Thread(target=lambda: seen.append(fd.gradient(lambda x: other(x).sum(), np.ones(2))))
+        u.start(); u.join(5)
+        done_other.set(); t.join(10)
+    assert waited == [True]                       # before: the other thread waited for the replay (5 s, False)
+    np.testing.assert_allclose(seen[0], -np.sin(np.ones(2)))
+
+def test_a_registration_during_another_threads_replay_leaves_the_replay_its_rule():
+    in_replay, registered, seen, replaying = threading.Event(), threading.Event(), [], [False]
+    def body(x):
+        if replaying[0]:
+            in_replay.set()
+            registered.wait(5)
+        return sin_of(x)
+    ck = fd.make_recomputed_in_gradient(body)
+    with fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 3 * g * np.cos(x))):
+        pb = fd.pullback(lambda x: ck(x).sum(), np.ones(2))
+    def replay():
+        replaying[0] = True
+        seen.append(pb(1.0))
+    t = threading.Thread(target=replay); t.start()
+    assert in_replay.wait(5)
+    with fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 5 * g * np.cos(x))):
+        registered.set(); t.join(10)
+        np.testing.assert_allclose(fd.gradient(lambda x: sin_of(x).sum(), np.ones(2)), 5 * np.cos(1.))   # here: the new rule
+    np.testing.assert_allclose(seen[0], 3 * np.cos(np.ones(2)))                                          # the replay: its own
+    np.testing.assert_allclose(fd.gradient(lambda x: sin_of(x).sum(), np.ones(2)), np.cos(1.))          # all undone
+    assert sin_of.__code__.co_name == 'sin_of' and sin_of.__kwdefaults__ is None
+
+def test_a_first_registration_during_another_threads_replay_is_undone_cleanly():
+    in_replay, registered, seen, replaying = threading.Event(), threading.Event(), [], [False]
+    def body(x):
+        if replaying[0]:
+            in_replay.set()
+            registered.wait(5)
+        return sin_of(x)
+    ck = fd.make_recomputed_in_gradient(body)
+    with fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 3 * g * np.cos(x))):
+        pb = fd.pullback(lambda x: ck(x).sum(), np.ones(2))
+    def replay():
+        replaying[0] = True
+        seen.append(pb(1.0))
+    t = threading.Thread(target=replay); t.start()
+    assert in_replay.wait(5)
+    later = fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 5 * g * np.cos(x)))   # none was in force
+    registered.set(); t.join(10)
+    np.testing.assert_allclose(seen[0], 3 * np.cos(np.ones(2)))
+    np.testing.assert_allclose(fd.gradient(lambda x: sin_of(x).sum(), np.ones(2)), 5 * np.cos(1.))
+    later.undo()
+    assert sin_of.__code__.co_name == 'sin_of' and sin_of.__kwdefaults__ is None
+    np.testing.assert_allclose(fd.gradient(lambda x: sin_of(x).sum(), np.ones(2)), np.cos(1.))
