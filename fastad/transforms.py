@@ -504,7 +504,10 @@ class _PythonFunctionRedirection(_Redirection):
         self.code = _labelled_like(_trampoline(len(f.__code__.co_freevars)), f.__code__)
     def install(self, fn):
         fn.forward, f = self.original, self.of
-        f.__code__, f.__kwdefaults__, f.__signature__ = self.code, {'_fastad_rule': fn}, self.signature
+        # Defaults first, the function's own kept beside the rule: each code, old or new, finds its keyword-only
+        # defaults at every moment, so a call from another thread in between still works (restore: code first).
+        f.__kwdefaults__ = {**(self.saved[1] or {}), '_fastad_rule': fn}
+        f.__code__, f.__signature__ = self.code, self.signature
     def restore(self):
         f = self.of
         f.__code__, f.__kwdefaults__, signature = self.saved

@@ -148,3 +148,34 @@ def test_a_first_registration_during_another_threads_replay_is_undone_cleanly():
     later.undo()
     assert sin_of.__code__.co_name == 'sin_of' and sin_of.__kwdefaults__ is None
     np.testing.assert_allclose(fd.gradient(lambda x: sin_of(x).sum(), np.ones(2)), np.cos(1.))
+
+# Installing a derivative for a Python function: callable at every step, from any thread
+
+import sys
+
+def scaled(x, *, k=2.0): return x * k
+
+def calls_failing_during(action):
+    "Call `scaled(1.0)` at every bytecode of the redirection's install and restore, as another thread could."
+    failures = []
+    def at_each_opcode(frame, event, arg):
+        if event == 'opcode':
+            try: scaled(1.0)
+            except TypeError as e: failures.append(str(e))
+        return at_each_opcode
+    def tracer(frame, event, arg):
+        if frame.f_code.co_name not in ('install', 'restore'): return None
+        frame.f_trace_opcodes = True
+        return at_each_opcode
+    sys.settrace(tracer)
+    try: action()
+    finally: sys.settrace(None)
+    return failures
+
+def test_a_function_with_keyword_only_defaults_stays_callable_while_its_derivative_is_installed():
+    registrations = []
+    register = lambda: registrations.append(fd.derivative(of=scaled, vjp=lambda x, *, k=2.0: (x * k, lambda g: g * k)))
+    assert calls_failing_during(register) == []   # before: "missing 1 required keyword-only argument: '_fastad_rule'"
+    assert fd.gradient(scaled, 1.0) == 2.0
+    assert calls_failing_during(registrations[0].undo) == []
+    assert scaled(1.0) == 2.0 and scaled.__kwdefaults__ == {'k': 2.0}
