@@ -65,7 +65,8 @@ SQRT_PI, SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
 def polygamma(n, x):
     "ψ⁽ⁿ⁾(x) from ufuncs alone (SciPy's `polygamma` converts its arguments to host arrays): ψ, or (-1)ⁿ⁺¹ n! ζ(n+1, x)."
     if np.ndim(n) == 0 and n == 0: return _special.digamma(x)
-    return (-1.0) ** (n + 1) * _special.gamma(n + 1) * _special.zeta(n + 1, x)
+    m = np.where(n == 0, 1, n)                               # an array of orders holding 0: ψ there (ζ(1, x) is inf)
+    return np.where(n == 0, _special.digamma(x), (-1.0) ** (m + 1) * _special.gamma(m + 1) * _special.zeta(m + 1, x))
 
 _unary('gammaln', lambda x: _special.gammaln(x), lambda x, ans: _special.digamma(x))
 _unary('digamma', lambda x: _special.digamma(x), lambda x, ans: polygamma(1, x)).serves += ('scipy.special.psi',)   # one ufunc, two names

@@ -179,3 +179,15 @@ def test_a_function_with_keyword_only_defaults_stays_callable_while_its_derivati
     assert fd.gradient(scaled, 1.0) == 2.0
     assert calls_failing_during(registrations[0].undo) == []
     assert scaled(1.0) == 2.0 and scaled.__kwdefaults__ == {'k': 2.0}
+
+# SciPy's rules: values and slopes as SciPy and central differences give them
+
+import scipy.special as sp, scipy.stats as st
+from fastad.testing import numerical_gradient
+
+def test_polygamma_with_orders_holding_zero_is_digamma_there():
+    n, x = np.array([0, 1, 2]), np.array([2.0, 2.0, 0.7])
+    value, grad = fd.value_with_gradient(lambda x: sp.polygamma(n, x).sum(), x)   # before: -inf, and NaN slopes
+    np.testing.assert_allclose(value, sp.polygamma(n, x).sum())
+    np.testing.assert_allclose(grad, sp.polygamma(n + 1, x))
+    np.testing.assert_allclose(grad, numerical_gradient(lambda x: sp.polygamma(n, x).sum(), x), rtol=1e-5)
