@@ -84,8 +84,10 @@ _unary('i0e', lambda x: _special.i0e(x), lambda x, ans: _special.i1e(x) - np.sig
 _unary('i1e', lambda x: _special.i1e(x),
        lambda x, ans: _special.i0e(x) - np.where(x == 0, 0.5, ans / np.where(x == 0, 1.0, x)) - np.sign(x) * ans)
 
-_binary('xlogy', lambda x, y: _special.xlogy(x, y), lambda x, y: np.log(y), lambda x, y: x / y)
-_binary('xlog1py', lambda x, y: _special.xlog1py(x, y), lambda x, y: np.log1p(y), lambda x, y: x / (1 + y))
+# x·log y is 0 wherever x is 0 (SciPy's convention), so its slope in y is 0 there too, also where y is 0 (or -1)
+_binary('xlogy', lambda x, y: _special.xlogy(x, y), lambda x, y: np.log(y), lambda x, y: np.where(x == 0, 0.0, x / np.where(x == 0, 1.0, y)))
+_binary('xlog1py', lambda x, y: _special.xlog1py(x, y), lambda x, y: np.log1p(y),
+        lambda x, y: np.where(x == 0, 0.0, x / np.where(x == 0, 1.0, 1 + y)))
 _binary('betaln', lambda a, b: _special.betaln(a, b), lambda a, b: _special.digamma(a) - _special.digamma(a + b),
         lambda a, b: _special.digamma(b) - _special.digamma(a + b))
 
@@ -177,17 +179,17 @@ def _t_logpdf(x, df, loc=0.0, scale=1.0):
             - (df + 1) / 2 * np.log1p(z * z / df))
 
 def _inside(z, lo, hi, value):
-    "`value` on the support lo < z < hi, -inf outside (as SciPy), with no NaN from outside leaking into the slope."
-    return np.where((z > lo) & (z < hi), value, -np.inf)
+    "`value` on the support lo ≤ z ≤ hi (closed, as SciPy), -inf outside, with no NaN from outside leaking into the slope."
+    return np.where((z >= lo) & (z <= hi), value, -np.inf)
 
 def _gamma_logpdf(x, a, loc=0.0, scale=1.0):
     z = _standard(x, loc, scale)
-    zs = np.where(unbox(z) > 0, z, 1.0)                     # a point inside the support where z is outside it
+    zs = np.where(unbox(z) >= 0, z, 1.0)                    # a point inside the support where z is outside it
     return _inside(unbox(z), 0, np.inf, _special.xlogy(a - 1, zs) - zs - _special.gammaln(a) - np.log(scale))
 
 def _beta_logpdf(x, a, b, loc=0.0, scale=1.0):
     z = _standard(x, loc, scale)
-    zs = np.where((unbox(z) > 0) & (unbox(z) < 1), z, 0.5)
+    zs = np.where((unbox(z) >= 0) & (unbox(z) <= 1), z, 0.5)   # at an end, xlogy gives 0 where the shape is 1
     return _inside(unbox(z), 0, 1, _special.xlogy(a - 1, zs) + _special.xlog1py(b - 1, -zs) - _special.betaln(a, b) - np.log(scale))
 
 def _poisson_logpmf(k, mu, loc=0):

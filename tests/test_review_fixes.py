@@ -191,3 +191,28 @@ def test_polygamma_with_orders_holding_zero_is_digamma_there():
     np.testing.assert_allclose(value, sp.polygamma(n, x).sum())
     np.testing.assert_allclose(grad, sp.polygamma(n + 1, x))
     np.testing.assert_allclose(grad, numerical_gradient(lambda x: sp.polygamma(n, x).sum(), x), rtol=1e-5)
+
+@pytest.mark.parametrize('dist, x, args, slope', [(st.beta, 0.0, (1, 2), -1.0), (st.beta, 1.0, (2, 1), 1.0),
+                                                  (st.gamma, 0.0, (1,), -1.0)])
+def test_a_density_whose_shape_is_1_is_finite_at_its_end(dist, x, args, slope):
+    value, grad = fd.value_with_gradient(lambda x: dist.logpdf(x, *args), x)    # before: -inf, and a 0 slope
+    np.testing.assert_allclose(value, dist.logpdf(x, *args))
+    np.testing.assert_allclose(grad, slope)                                     # one-sided: the density's own formula
+
+def test_densities_at_ends_and_inside_agree_with_scipy():
+    for dist, args in [(st.beta, (0.5, 2)), (st.beta, (2, 2)), (st.beta, (2, 0.5)), (st.gamma, (0.5,)), (st.gamma, (2,))]:
+        x = np.array([-0.1, 0.0, 0.3, 0.8, 1.0, 1.2])
+        with np.errstate(all='ignore'):
+            value = fd.value_with_pullback(lambda x: dist.logpdf(x, *args), x)[0]
+        np.testing.assert_allclose(value, dist.logpdf(x, *args))
+        inner = np.array([0.3, 0.8])
+        np.testing.assert_allclose(fd.gradient(lambda x: dist.logpdf(x, *args).sum(), inner),
+                                   numerical_gradient(lambda x: dist.logpdf(x, *args).sum(), inner), rtol=1e-5)
+
+@pytest.mark.parametrize('fn, p, q', [(sp.xlogy, [0., 2., 0.], [0., 3., 2.]), (sp.xlog1py, [0., 2., 0.], [-1., 3., 1.])])
+def test_xlogy_slope_in_y_is_zero_where_x_is_zero(fn, p, q):
+    p, q = np.array(p), np.array(q)
+    with np.errstate(all='ignore'):
+        grad = fd.gradient(lambda q: fn(p, q).sum(), q)                          # before: NaN at the first
+    np.testing.assert_allclose(grad, [0., 2 / (q[1] + (fn is sp.xlog1py)), 0.])
+    np.testing.assert_allclose(grad[1:], numerical_gradient(lambda q: fn(p[1:], q).sum(), q[1:]), rtol=1e-6)
