@@ -117,6 +117,7 @@ def _keep(g, shape, axis, keepdims):
 
 def _reduced_max(a, axis):
     "The largest element over `axis` (kept dims), 0 where it is infinite, and constant: it only shifts for stability."
+    if not np.size(unbox(a)): return np.sum(unbox(a), axis=axis, keepdims=True)   # nothing to reduce: 0s (max refuses)
     m = np.max(unbox(a), axis=axis, keepdims=True)
     return np.where(np.isfinite(m), m, 0)
 
@@ -140,7 +141,7 @@ def logsumexp_vjp(a, axis=None, b=None, keepdims=False, return_sign=False):
     def pullback(g):
         if return_sign: g = g[0]
         gk = _keep(g, np.shape(a), axis, keepdims) * sign    # d log|s| = ds / s
-        w = np.exp(a - kept)                                  # exp(a) / |s|
+        w = np.exp(a - np.where(kept == -np.inf, 0, kept))    # exp(a) / |s|; 0 where every a is -inf (not -inf + inf)
         ga = unbroadcast(gk * w if b is None else gk * b * w, sa)
         return ga, None, (None if b is None else unbroadcast(gk * w, sb)), None, None
     return value, pullback

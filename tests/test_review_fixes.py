@@ -216,3 +216,15 @@ def test_xlogy_slope_in_y_is_zero_where_x_is_zero(fn, p, q):
         grad = fd.gradient(lambda q: fn(p, q).sum(), q)                          # before: NaN at the first
     np.testing.assert_allclose(grad, [0., 2 / (q[1] + (fn is sp.xlog1py)), 0.])
     np.testing.assert_allclose(grad[1:], numerical_gradient(lambda q: fn(p[1:], q).sum(), q[1:]), rtol=1e-6)
+
+def test_logsumexp_over_an_empty_axis_is_minus_inf_as_scipy():
+    a = np.zeros((2, 0))
+    value, grad = fd.value_with_gradient(lambda a: sp.logsumexp(a, axis=1).sum(), a)   # before: NumPy's ValueError
+    assert value == sp.logsumexp(a, axis=1).sum() == -np.inf and grad.shape == (2, 0)
+
+def test_logsumexp_of_an_all_minus_inf_slice_has_zero_cotangents():
+    a = np.array([[-np.inf, -np.inf], [0., 1.]])
+    value, grad = fd.value_with_gradient(lambda a: sp.logsumexp(a, axis=1)[1] + 0 * sp.logsumexp(a, axis=1)[0], a)
+    np.testing.assert_allclose(grad, [[0., 0.], [0.26894142, 0.73105858]])               # before: NaN in the first row
+    np.testing.assert_allclose(grad[1], numerical_gradient(lambda r: sp.logsumexp(r), a[1]), rtol=1e-6)
+    np.testing.assert_allclose(fd.gradient(lambda a: sp.logsumexp(a), np.array([-np.inf, -np.inf])), [0., 0.])
