@@ -11,10 +11,9 @@ __all__ = ['RULES', 'SQRT_PI', 'SQRT_2PI', 'LOG_2PI', 'STATS', 'logpmf_vjp', 'RE
 # %% ../nbs/03g_scipy.ipynb #sp6f2496
 import importlib, importlib.abc, importlib.util, math, sys, threading, warnings
 import numpy as np
-from .backend import array_module
 from .engine import unbox
 from .errors import NoDerivativeError, ShapeError
-from .primitives import unbroadcast
+from .primitives import unbroadcast, _module_under
 from .transforms import derivative, value_with_pullback
 from . import dispatch
 
@@ -251,7 +250,7 @@ def _squeezed(out):
 def _mvn_logpdf(x, mean=None, cov=1, allow_singular=False):
     "log N(x; mean, cov) through the Cholesky factor L of cov: -(d log 2π + 2 Σ log Lᵢᵢ + |L⁻¹(x - mean)|²) / 2."
     d = np.shape(mean)[-1] if np.ndim(mean) == 1 else np.shape(cov)[0] if np.ndim(cov) >= 1 else 1
-    xp = array_module(unbox(x))
+    xp = _module_under(x)
     if np.ndim(cov) == 0: cov = cov * xp.eye(d)
     elif np.ndim(cov) == 1: cov = cov * xp.eye(d)            # the variances on the diagonal
     if np.ndim(x) == 0: x = np.reshape(x, (1, 1))
@@ -333,7 +332,7 @@ def expm_vjp(A):
     n = np.shape(A)[-1]
     def pullback(g):
         At = _mT(A)
-        zeros = array_module(unbox(At)).zeros(np.shape(At), dtype=np.result_type(unbox(At)))
+        zeros = _module_under(At).zeros(np.shape(At), dtype=np.result_type(unbox(At)))
         block = np.concatenate([np.concatenate([At, g], axis=-1), np.concatenate([zeros, At], axis=-1)], axis=-2)
         return _linalg.expm(block)[..., :n, n:]
     return _linalg.expm(A), pullback
