@@ -473,7 +473,9 @@ def _per_context(key, elsewhere, plain):
     def rule_here(*args, **kwargs):
         here = CONTEXT_RULES.get()
         rules = elsewhere if here is None else here.get(key, elsewhere)
-        fn = plain if rules is None else rules if rules is elsewhere else rules[1][-1].function
+        if rules is None: fn = plain                          # no rule in this context: the function itself
+        elif rules is elsewhere: fn = elsewhere               # none of its own: the rule in force for everybody
+        else: fn = rules[1][-1].function                      # its own: the last registration of its snapshot
         return fn(*args, **kwargs)
     return rule_here
 
