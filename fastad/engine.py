@@ -709,7 +709,7 @@ Traced.__imatmul__ = _in_place('@=', Traced.__matmul__)
 # %% ../nbs/03b_engine.ipynb #e8ba8422
 _collector_lock = threading.Lock()
 _collector_users, _collector_set = 0, None     # tapes in use; the thresholds found and the ones set for them
-_YOUNG_WHILE_RECORDING, _FULL_PAUSED = 20_000, 1 << 30
+_YOUNG_WHILE_RECORDING, _MIDDLE_WHILE_RECORDING, _FULL_PAUSED = 20_000, 100, 1 << 30   # measured: bench scalar, tapes
 
 def _set_tapes(before, after):
     """Move the count of tapes in use from `before` to `after`: the first spaces young collections out and pauses full
@@ -719,7 +719,7 @@ def _set_tapes(before, after):
     if after:                                                 # the first tape
         if _collector_set is None:
             found = gc.get_threshold()                        # a 0 (automatic collection off) stays 0
-            _collector_set = found, (found[0] and max(found[0], _YOUNG_WHILE_RECORDING), found[1], max(found[2], _FULL_PAUSED))
+            _collector_set = found, (found[0] and max(found[0], _YOUNG_WHILE_RECORDING), max(found[1], _MIDDLE_WHILE_RECORDING), max(found[2], _FULL_PAUSED))
         gc.set_threshold(*_collector_set[1])                  # gc.enable()/disable() stay the user's alone
     else:                                                     # the last one
         if _collector_set and gc.get_threshold() == _collector_set[1]: gc.set_threshold(*_collector_set[0])
