@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['ARGUMENT', 'Recording', 'Traced', 'apply', 'apply_scalar', 'Outputs', 'backward', 'unbox', 'unbox_all', 'is_traced',
            'record', 'lock', 'lock_arguments', 'release', 'release_when_dropped', 'saved_array_written',
-           'full_collections_paused', 'trace', 'PrimitiveLog', 'trace_primitives']
+           'collector_tuned_for_tapes', 'trace', 'PrimitiveLog', 'trace_primitives']
 
 # %% ../nbs/03b_engine.ipynb #233f65a9
 import gc, itertools, sys, threading, types, weakref
@@ -228,15 +228,19 @@ def backward(recording, seeds, consume=False):
             c = chain(g)
             if c is None: continue                    # a custom pullback may give no cotangent for an input
             if type(j) is not int:                    # one pullback for several inputs: a cotangent each
-                _collect_each(cts, j, c)
+                _collect_each(cts, j, c, name)
                 continue
             old = cts[j]
             cts[j] = c if old is None else old + c    # a value used twice collects both cotangents
         del entry, parents, g
     return cts
 
-def _collect_each(cts, places, cs):
+def _collect_each(cts, places, cs, name):
     "Add the cotangents `cs` a pullback gave for all its inputs to those of their `places` (None: a constant's, dropped)."
+    if not isinstance(cs, (tuple, list)) or len(cs) != len(places):   # zip would walk an array, or drop an input
+        raise DifferentiationError(f"the pullback of {name} serves its {len(places)} inputs at once, so it must return "
+                                   f"a tuple or list of exactly {len(places)} cotangents (None for an input without one); "
+                                   f"it returned {f'{len(cs)} of them' if isinstance(cs, (tuple, list)) else type(cs).__name__}")
     for j, c in zip(places, cs):
         if j is None or c is None: continue
         old = cts[j]
@@ -804,19 +808,22 @@ Traced.__imatmul__ = _in_place('@=', Traced.__matmul__)
 
 # %% ../nbs/03b_engine.ipynb #e8ba8422
 _collector_lock = threading.Lock()
-_collector_users, _collector_was_on = 0, None
+_collector_users, _collector_set = 0, None     # tapes in use; the thresholds found and the ones set for them
+_YOUNG_WHILE_RECORDING, _MIDDLE_WHILE_RECORDING, _FULL_PAUSED = 20_000, 100, 1 << 30   # measured: bench scalar, tapes
 
 def _set_tapes(before, after):
-    """Move the count of tapes in use from `before` to `after`: the first turns the collector's automatic collections
-    off, the last turns them back on if they were on (restore first, then count). Running it twice does no more than once."""
-    global _collector_users, _collector_was_on
+    """Move the count of tapes in use from `before` to `after`: the first spaces young collections out and pauses full
+    ones, the last restores the thresholds it found (restore first, then count). Running it twice does no more than once."""
+    global _collector_users, _collector_set
     if before and after: _collector_users = after; return     # a tape inside another (a gradient's pullback): no change
     if after:                                                 # the first tape
-        if _collector_was_on is None: _collector_was_on = gc.isenabled()
-        gc.disable()
+        if _collector_set is None:
+            found = gc.get_threshold()                        # a 0 (automatic collection off) stays 0
+            _collector_set = found, (found[0] and max(found[0], _YOUNG_WHILE_RECORDING), max(found[1], _MIDDLE_WHILE_RECORDING), max(found[2], _FULL_PAUSED))
+        gc.set_threshold(*_collector_set[1])                  # gc.enable()/disable() stay the user's alone
     else:                                                     # the last one
-        if _collector_was_on: gc.enable()                     # (your code turned it on meanwhile: it stays on)
-        _collector_was_on = None
+        if _collector_set and gc.get_threshold() == _collector_set[1]: gc.set_threshold(*_collector_set[0])
+        _collector_set = None                                 # (your code changed them meanwhile: yours stand)
     _collector_users = after
 
 def _count_tapes(change):
@@ -828,8 +835,8 @@ def _count_tapes(change):
         else: _set_tapes(users, users + change)
         raise
 
-class full_collections_paused:
-    "Context manager: the collector's automatic collections, young and full, wait while a tape is recorded or swept."
+class collector_tuned_for_tapes:
+    "Context manager: while a tape is recorded or swept, young collections run less often and full ones wait."
     # One statement each: nothing runs after the count changes, so no interrupt can land between the two.
     def __enter__(self):
         with _collector_lock: return _count_tapes(+1) or self

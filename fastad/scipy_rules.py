@@ -64,7 +64,8 @@ SQRT_PI, SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
 def polygamma(n, x):
     "ψ⁽ⁿ⁾(x) from ufuncs alone (SciPy's `polygamma` converts its arguments to host arrays): ψ, or (-1)ⁿ⁺¹ n! ζ(n+1, x)."
     if np.ndim(n) == 0 and n == 0: return _special.digamma(x)
-    return (-1.0) ** (n + 1) * _special.gamma(n + 1) * _special.zeta(n + 1, x)
+    m = np.where(n == 0, 1, n)                               # an array of orders holding 0: ψ there (ζ(1, x) is inf)
+    return np.where(n == 0, _special.digamma(x), (-1.0) ** (m + 1) * _special.gamma(m + 1) * _special.zeta(m + 1, x))
 
 _unary('gammaln', lambda x: _special.gammaln(x), lambda x, ans: _special.digamma(x))
 _unary('digamma', lambda x: _special.digamma(x), lambda x, ans: polygamma(1, x)).serves += ('scipy.special.psi',)   # one ufunc, two names
@@ -82,8 +83,10 @@ _unary('i0e', lambda x: _special.i0e(x), lambda x, ans: _special.i1e(x) - np.sig
 _unary('i1e', lambda x: _special.i1e(x),
        lambda x, ans: _special.i0e(x) - np.where(x == 0, 0.5, ans / np.where(x == 0, 1.0, x)) - np.sign(x) * ans)
 
-_binary('xlogy', lambda x, y: _special.xlogy(x, y), lambda x, y: np.log(y), lambda x, y: x / y)
-_binary('xlog1py', lambda x, y: _special.xlog1py(x, y), lambda x, y: np.log1p(y), lambda x, y: x / (1 + y))
+# x·log y is 0 wherever x is 0 (SciPy's convention), so its slope in y is 0 there too, also where y is 0 (or -1)
+_binary('xlogy', lambda x, y: _special.xlogy(x, y), lambda x, y: np.log(y), lambda x, y: np.where(x == 0, 0.0, x / np.where(x == 0, 1.0, y)))
+_binary('xlog1py', lambda x, y: _special.xlog1py(x, y), lambda x, y: np.log1p(y),
+        lambda x, y: np.where(x == 0, 0.0, x / np.where(x == 0, 1.0, 1 + y)))
 _binary('betaln', lambda a, b: _special.betaln(a, b), lambda a, b: _special.digamma(a) - _special.digamma(a + b),
         lambda a, b: _special.digamma(b) - _special.digamma(a + b))
 
@@ -113,6 +116,7 @@ def _keep(g, shape, axis, keepdims):
 
 def _reduced_max(a, axis):
     "The largest element over `axis` (kept dims), 0 where it is infinite, and constant: it only shifts for stability."
+    if not np.size(unbox(a)): return np.sum(unbox(a), axis=axis, keepdims=True)   # nothing to reduce: 0s (max refuses)
     m = np.max(unbox(a), axis=axis, keepdims=True)
     return np.where(np.isfinite(m), m, 0)
 
@@ -136,7 +140,7 @@ def logsumexp_vjp(a, axis=None, b=None, keepdims=False, return_sign=False):
     def pullback(g):
         if return_sign: g = g[0]
         gk = _keep(g, np.shape(a), axis, keepdims) * sign    # d log|s| = ds / s
-        w = np.exp(a - kept)                                  # exp(a) / |s|
+        w = np.exp(a - np.where(kept == -np.inf, 0, kept))    # exp(a) / |s|; 0 where every a is -inf (not -inf + inf)
         ga = unbroadcast(gk * w if b is None else gk * b * w, sa)
         return ga, None, (None if b is None else unbroadcast(gk * w, sb)), None, None
     return value, pullback
@@ -176,17 +180,17 @@ def _t_logpdf(x, df, loc=0.0, scale=1.0):
             - (df + 1) / 2 * np.log1p(z * z / df))
 
 def _inside(z, lo, hi, value):
-    "`value` on the support lo < z < hi, -inf outside (as SciPy), with no NaN from outside leaking into the slope."
-    return np.where((z > lo) & (z < hi), value, -np.inf)
+    "`value` on the support lo ≤ z ≤ hi (closed, as SciPy), -inf outside, with no NaN from outside leaking into the slope."
+    return np.where((z >= lo) & (z <= hi), value, -np.inf)
 
 def _gamma_logpdf(x, a, loc=0.0, scale=1.0):
     z = _standard(x, loc, scale)
-    zs = np.where(unbox(z) > 0, z, 1.0)                     # a point inside the support where z is outside it
+    zs = np.where(unbox(z) >= 0, z, 1.0)                    # a point inside the support where z is outside it
     return _inside(unbox(z), 0, np.inf, _special.xlogy(a - 1, zs) - zs - _special.gammaln(a) - np.log(scale))
 
 def _beta_logpdf(x, a, b, loc=0.0, scale=1.0):
     z = _standard(x, loc, scale)
-    zs = np.where((unbox(z) > 0) & (unbox(z) < 1), z, 0.5)
+    zs = np.where((unbox(z) >= 0) & (unbox(z) <= 1), z, 0.5)   # at an end, xlogy gives 0 where the shape is 1
     return _inside(unbox(z), 0, 1, _special.xlogy(a - 1, zs) + _special.xlog1py(b - 1, -zs) - _special.betaln(a, b) - np.log(scale))
 
 def _poisson_logpmf(k, mu, loc=0):

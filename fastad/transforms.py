@@ -13,7 +13,7 @@ import numpy as np
 from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES
 from . import engine
-from .engine import Recording, Traced, apply, backward, unbox, full_collections_paused
+from .engine import Recording, Traced, apply, backward, unbox, collector_tuned_for_tapes
 from .errors import DifferentiationError, NonScalarOutputError, _name
 from .trampoline import _trampoline, _labelled_like
 from .tree import Differentiable, nondifferentiable, flatten, leaves_like, is_container, map_structure, _describe, _has_traced
@@ -122,7 +122,7 @@ def _value_with_pullback(f, args, once=False):
     trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
     engine.lock_arguments(trace, primals)             # and the arguments: `np.sin(x)`'s chain reads x
     recorded = False
-    with full_collections_paused():                   # see the engine: the collector would walk the growing tape
+    with collector_tuned_for_tapes():                 # see the engine: the collector would walk the growing tape
         try:
             out = f(*rebuild([trace.new_input(p) for p in primals]))
             recorded = True
@@ -154,7 +154,7 @@ def _value_with_pullback(f, args, once=False):
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
         try:
-            with full_collections_paused(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+            with collector_tuned_for_tapes(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
         finally:
             if once: engine.release(trace)             # the tape is gone: the user's arrays are theirs again
         seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
@@ -187,7 +187,7 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
     `((value, aux), gradient)`."""
     if has_aux: return _with_aux(f, args, argnums)
     f, args, shaped = _differentiated('value_with_gradient', f, args, argnums)
-    with full_collections_paused():                   # one pause over both passes: no full collection in between
+    with collector_tuned_for_tapes():                 # one pause over both passes: no full collection in between
         value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
         grads = pb(_seed(value, f))
         return value, (grads if shaped is None else shaped(grads))
@@ -491,6 +491,7 @@ class Registration:
 
 _LOCK = threading.RLock()
 _REDIRECTIONS = {}       # id(of) -> the redirection of `of`'s calls, with its stack of registrations
+_CONTESTED = {}          # id(of) -> [its redirection, how many replays need their own rule for it] (see `rules_restored`)
 
 class _Redirection:
     "How calls of `of` reach a derivative: the last registration is in force; with none left, `of` is as it was."
@@ -498,6 +499,7 @@ class _Redirection:
     def push(self, registration):
         self.stack.append(registration)
         self.install(registration.function)
+        if id(self.of) in _CONTESTED: self.contest()      # a replay running meanwhile keeps its own rule
     def remove(self, registration):
         "Take `registration` out, restoring what was in force before it first, then forgetting it (safe to repeat)."
         rest = [r for r in self.stack if r is not registration]
@@ -505,6 +507,7 @@ class _Redirection:
         else: self.restore()
         self.stack = rest
         if not rest: _REDIRECTIONS.pop(id(self.of), None)
+        if id(self.of) in _CONTESTED: self.contest()      # (as in `push`)
     def in_force(self):
         "The function in force for `of` outside any replay: the last registration's, or None."
         current = _REDIRECTIONS.get(id(self.of))
@@ -521,7 +524,9 @@ def _per_context(key, elsewhere, plain):
     def rule_here(*args, **kwargs):
         here = CONTEXT_RULES.get()
         rules = elsewhere if here is None else here.get(key, elsewhere)
-        fn = plain if rules is None else rules if rules is elsewhere else rules[1][-1].function
+        if rules is None: fn = plain                          # no rule in this context: the function itself
+        elif rules is elsewhere: fn = elsewhere               # none of its own: the rule in force for everybody
+        else: fn = rules[1][-1].function                      # its own: the last registration of its snapshot
         return fn(*args, **kwargs)
     return rule_here
 
@@ -552,7 +557,10 @@ class _PythonFunctionRedirection(_Redirection):
         self.code = _labelled_like(_trampoline(len(f.__code__.co_freevars)), f.__code__)
     def install(self, fn):
         fn.forward, f = self.original, self.of
-        f.__code__, f.__kwdefaults__, f.__signature__ = self.code, {'_fastad_rule': fn}, self.signature
+        # Defaults first, the function's own kept beside the rule: each code, old or new, finds its keyword-only
+        # defaults at every moment, so a call from another thread in between still works (restore: code first).
+        f.__kwdefaults__ = {**(self.saved[1] or {}), '_fastad_rule': fn}
+        f.__code__, f.__signature__ = self.code, self.signature
     def restore(self):
         f = self.of
         f.__code__, f.__kwdefaults__, signature = self.saved
@@ -586,6 +594,7 @@ class _NameRedirection(_Redirection):
 def _redirection(of, caller_globals):
     "The redirection of `of`'s calls, made on its first registration."
     if id(of) in _REDIRECTIONS: return _REDIRECTIONS[id(of)]
+    if id(of) in _CONTESTED: r = _REDIRECTIONS[id(of)] = _CONTESTED[id(of)][0]; return r   # emptied during a replay: it knows what to restore
     if isinstance(of, np.ufunc) or (hasattr(of, '_implementation') and (getattr(of, '__module__', None) or '').startswith('numpy')):
         r = _RegistryRedirection(of)
     elif isinstance(of, types.FunctionType): r = _PythonFunctionRedirection(of)
@@ -655,7 +664,7 @@ def rules_in_force():
 def _top(rules): return rules[1][-1] if rules else None
 
 # %% ../nbs/03d_transforms.ipynb #rg00000d
-_CONTESTED = {}      # id(of) -> [its redirection, how many replays need their own rule for it], with `_LOCK` held
+# `_CONTESTED` (defined with `_REDIRECTIONS`, which reads it) changes with `_LOCK` held
 
 def _contest(key, redirection):
     "From now on, calls of `key`'s function look up the rule of their own context (see `CONTEXT_RULES`)."
@@ -675,12 +684,11 @@ def _settle(key):
 # %% ../nbs/03d_transforms.ipynb #rg000007
 class rules_restored:
     """Context manager: the derivatives of `snapshot` (from `rules_in_force`) are in force inside, in this context (this
-    thread, or asyncio task) only: other threads keep using the rules in force. Where they differ from this context's,
-    the registry stays locked meanwhile (no registration changes), taken after the lock `first` (one order)."""
+    thread, or asyncio task) only: other threads keep using the rules in force, and may register and undo meanwhile.
+    The registry's lock is held only while contesting and settling, never over the replay (`first` is not taken)."""
     def __init__(self, snapshot, first=None): self.snapshot, self.first, self.changes, self.token = snapshot, first, None, None
     def __enter__(self):
         if not self.snapshot and not _REDIRECTIONS and not CONTEXT_RULES.get(): return
-        if self.first is not None: self.first.acquire()
         _LOCK.acquire()
         self.changes = {}
         try:
@@ -692,15 +700,16 @@ class rules_restored:
                 _contest(k, (now.get(k) or changes[k])[0])                                # ...which it alone looks up
                 self.changes[k] = changes[k]
         except BaseException: self.__exit__(); raise
+        finally: _LOCK.release()                          # the replay itself runs unlocked
     def __exit__(self, *exc):
         if self.changes is None: return
+        _LOCK.acquire()
         try:
             for k in self.changes: _settle(k)
             if self.token is not None: CONTEXT_RULES.reset(self.token)
         finally:
             self.changes = self.token = None
             _LOCK.release()
-            if self.first is not None: self.first.release()
 
 # %% ../nbs/03d_transforms.ipynb #c3d5e7f9
 def _stop(x):

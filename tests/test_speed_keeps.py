@@ -121,13 +121,13 @@ def test_memory_stays_flat_and_user_cycles_are_collected_over_10000_steps():
     assert late - early < 64 * 1024, (early, late)    # 9,000 more steps: no more memory (each cycle is ~0.3 KiB)
     assert len(alive) < 1_000, len(alive)             # the automatic collections freed them, with no gc.collect()
 
-def test_no_automatic_collection_while_recording():
+def test_few_young_and_no_full_collections_while_recording():
     runs = []
     count = lambda phase, info: runs.append(info['generation']) if phase == 'start' else None
     def f(x):
-        for _ in range(20_000): x = np.sin(x)         # 20,000 entries: many young collections, before
+        for _ in range(20_000): x = np.sin(x)         # 20,000 entries: with the default thresholds, hundreds of collections
         return x
     gc.callbacks.append(count)
     try: fd.gradient(f, 0.3)
     finally: gc.callbacks.remove(count)
-    assert runs == []
+    assert 2 not in runs and len(runs) < 40, runs       # young ones every 20,000 new objects; full ones paused

@@ -153,14 +153,14 @@ def test_an_interrupt_anywhere_in_trace_primitives_leaves_no_log_behind():
     sites = each_interrupt(codes, block, check)
     assert {s[0] for s in sites} >= {'__enter__', '__exit__', '_open', '_close', '_open_logs'}, sites
 
-def test_an_interrupt_anywhere_in_full_collections_paused_leaves_the_collector_as_it_was():
-    fcp = engine.full_collections_paused
+def test_an_interrupt_anywhere_in_collector_tuned_for_tapes_leaves_the_collector_as_it_was():
+    fcp = engine.collector_tuned_for_tapes
     codes = code_of(fcp.__enter__, fcp.__exit__, part(engine, '_count_tapes'), part(engine, '_set_tapes'))
     threshold = gc.get_threshold()
     def check(site):
         if engine._collector_users == 1 and in_the_exit(site):
-            assert not gc.isenabled()                                   # whole: still paused, and counted
-            engine.full_collections_paused().__exit__(None, None, None)
+            assert gc.get_threshold() != threshold                      # whole: still tuned, and counted
+            engine.collector_tuned_for_tapes().__exit__(None, None, None)
         assert engine._collector_users == 0 and gc.isenabled() and gc.get_threshold() == threshold, site
     def block():
         with fcp(): pass
