@@ -246,6 +246,7 @@ def _collect_each(cts, places, cs, name):
         old = cts[j]
         cts[j] = c if old is None else old + c
 
+# %% ../nbs/03b_engine.ipynb #ub000002
 def unbox(x, recording=None):
     "The value under `x`: under one level (that of `recording`) or, by default, under every level."
     while type(x) is Traced and (recording is None or x._recording is recording): x = x.value

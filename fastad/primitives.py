@@ -466,7 +466,9 @@ def _einsum_as_product(subscripts, ins, out, a, b, optimize):
 # %% ../nbs/03a_primitives.ipynb #p3a044
 @defvwc(np.einsum)
 def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
-    "numpy.einsum with string subscripts: each operand's cotangent is another einsum of g and the others."
+    """numpy.einsum with string subscripts. With two operands the chains are matmul's, on the operands seen as
+    (batched) matrices (and with `optimize=True` the value is that product too); with more, each operand's
+    cotangent is another einsum of g and the others."""
     if unsupported: raise DifferentiationError(f"numpy.einsum: {', '.join(unsupported)}= cannot be differentiated")
     if not isinstance(subscripts, str):
         raise NoDerivativeError("numpy.einsum: only the string form of the subscripts ('ij,jk->ik') can be differentiated")
