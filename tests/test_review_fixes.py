@@ -104,7 +104,9 @@ def test_another_threads_checkpointed_gradient_runs_during_a_replay():
     assert waited == [True]                       # before: the other thread waited for the replay (5 s, False)
     np.testing.assert_allclose(seen[0], -np.sin(np.ones(2)))
 
-def test_a_registration_during_another_threads_replay_leaves_the_replay_its_rule():
+def _replay_paused_in_another_thread():
+    """A checkpointed pullback recorded under a rule (3 cos x) for `sin_of`, replaying in another thread and paused
+    there until the `registered` event is set: (thread, registered, the list its gradient lands in)."""
     in_replay, registered, seen, replaying = threading.Event(), threading.Event(), [], [False]
     def body(x):
         if replaying[0]:
@@ -119,6 +121,10 @@ def test_a_registration_during_another_threads_replay_leaves_the_replay_its_rule
         seen.append(pb(1.0))
     t = threading.Thread(target=replay); t.start()
     assert in_replay.wait(5)
+    return t, registered, seen
+
+def test_a_registration_during_another_threads_replay_leaves_the_replay_its_rule():
+    t, registered, seen = _replay_paused_in_another_thread()
     with fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 5 * g * np.cos(x))):
         registered.set(); t.join(10)
         np.testing.assert_allclose(fd.gradient(lambda x: sin_of(x).sum(), np.ones(2)), 5 * np.cos(1.))   # here: the new rule
@@ -127,20 +133,7 @@ def test_a_registration_during_another_threads_replay_leaves_the_replay_its_rule
     assert sin_of.__code__.co_name == 'sin_of' and sin_of.__kwdefaults__ is None
 
 def test_a_first_registration_during_another_threads_replay_is_undone_cleanly():
-    in_replay, registered, seen, replaying = threading.Event(), threading.Event(), [], [False]
-    def body(x):
-        if replaying[0]:
-            in_replay.set()
-            registered.wait(5)
-        return sin_of(x)
-    ck = fd.make_recomputed_in_gradient(body)
-    with fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 3 * g * np.cos(x))):
-        pb = fd.pullback(lambda x: ck(x).sum(), np.ones(2))
-    def replay():
-        replaying[0] = True
-        seen.append(pb(1.0))
-    t = threading.Thread(target=replay); t.start()
-    assert in_replay.wait(5)
+    t, registered, seen = _replay_paused_in_another_thread()
     later = fd.derivative(of=sin_of, vjp=lambda x: (np.sin(x), lambda g: 5 * g * np.cos(x)))   # none was in force
     registered.set(); t.join(10)
     np.testing.assert_allclose(seen[0], 3 * np.cos(np.ones(2)))
