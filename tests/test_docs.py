@@ -32,7 +32,7 @@ def test_the_index_page_is_the_readmes_notebook():
     assert sidebar_stems()[0] == 'index', "the sidebar opens with the index page"
 
 def lesson_rank(stem):
-    "0 for the index, 1 for lessons 01-05 and their sub-notebooks (03a_...), 2 for the appendix (00_...)."
+    "0 for the index, 1 for lessons 01-05 and their sub-notebooks (03a_...), 2 for the appendix (90_...)."
     if stem == 'index': return 0
     return 1 if re.match(r'0[1-9]', stem) else 2
 
@@ -44,7 +44,7 @@ def course_number(stem):
 def test_sidebar_lists_the_lessons_first_then_the_appendix():
     stems = sidebar_stems()
     ranks = [lesson_rank(s) for s in stems]
-    assert ranks == sorted(ranks), f"order should be index, lessons 01-05 (with sub-notebooks), then 00_*: {stems}"
+    assert ranks == sorted(ranks), f"order should be index, lessons 01-05 (with sub-notebooks), then 90_*: {stems}"
     lessons = [s for s in stems if lesson_rank(s) == 1]
     assert lessons == sorted(lessons, key=course_number), f"lessons in number order: {lessons}"
 
