@@ -112,6 +112,7 @@ def array_module(*arrays):
     "The array module the arrays belong to: cupy, fastad.strict or numpy (as `cupy.get_array_module`)."
     for a in arrays:
         t = type(a)
+        if t is np.ndarray: continue                  # the usual answer, found first
         if t is strict.StrictArray: return strict
         if t.__module__.startswith('cupy') and 'cupy' in sys.modules: return sys.modules['cupy']
     return np

@@ -100,7 +100,12 @@ def _conv_setup(op, x, filter, strides, padding):
     kh, kw, c, _ = fshape = np.shape(filter)
     shape = np.shape(x)
     _check_nhwc(op, shape, fshape)
-    return strides, tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (kh, kw), strides))
+    return strides, _amounts(op, shape, (kh, kw), strides, padding)
+
+@functools.lru_cache(maxsize=256)                   # a training loop meets the same few geometries every step
+def _amounts(op, shape, window, strides, padding):
+    "The padding `((top, bottom), (left, right))` of an NHWC input of `shape` for `window`s `strides` apart."
+    return tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], window, strides))
 
 def _filter_cotangent(x, g, size, strides):
     "The cotangent of a `size` filter slid over (padded) NHWC `x`, from its output's cotangent `g`: a product per filter row."
@@ -159,12 +164,12 @@ def _conv_dfilter_vwc(x, g, *, size, strides, amounts):
         lambda k: _conv_dx(g, k, shape=shape, strides=strides, amounts=amounts),
         lambda k: _conv(x, k, strides=strides, amounts=amounts))
 
-_conv = Primitive('conv2d', _conv_vwc, forward=_conv_value, keeps=('x', 'filter'))
-_conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value, keeps=('g', 'filter'))
-_conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value, keeps=('x', 'g'))
+_conv = Primitive('conv2d', _conv_vwc, forward=_conv_value, keeps=dict(x='filter', filter='x'))
+_conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value, keeps=dict(g='filter', filter='g'))
+_conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value, keeps=dict(x='g', g='x'))
 
 # %% ../nbs/05a_cnn_layers.ipynb #e52f2fs2
-@defvwc(name='conv2d', keeps=('x', 'filter'))
+@defvwc(name='conv2d', keeps=dict(x='filter', filter='x'))   # the bias's chain reads neither
 def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
     "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
     strides, amounts = _conv_setup('conv2d', x, filter, strides, padding)
@@ -185,14 +190,14 @@ def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
 conv2d = conv2d_vwc.primitive
 
 # %% ../nbs/05a_cnn_layers.ipynb #05ed11a6
-@defvwc(name='max_pool2d', unary=True, keeps=())    # its winners, which are its own
+@defvwc(name='max_pool2d', unary=True, keeps={})    # its winners, which are its own
 def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
     "The largest value of each `pool_size` window of NHWC `x`, windows `strides` apart."
     op = 'max_pool2d'
     (ph, pw), (sh, sw), padding = _pair(op, 'pool_size', pool_size), _pair(op, 'strides', strides), _padding(op, padding)
     shape = np.shape(x)
     _check_nhwc(op, shape)
-    amounts = tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], (ph, pw), (sh, sw)))
+    amounts = _amounts(op, shape, (ph, pw), (sh, sw), padding)
     traced, x = x, unbox(x)                             # a value traced at an outer level: the winners from its value
     padded = _pad(x, amounts, -np.inf)
     padded_shape = padded.shape
@@ -206,7 +211,7 @@ def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
         better = candidate > y                          # strictly: a tie stays with the earlier position, as argmax
         y = np.maximum(y, candidate)
         winner = np.maximum(winner, better * winner.dtype.type(k))    # k only grows: where it wins, it is the largest
-    if bool(np.isnan(y).any()):                         # a NaN wins its window (the first NaN), as argmax has it
+    if math.isnan(y.sum()):                             # a NaN wins its window (the first NaN), as argmax has it
         winner = np.argmax(np.stack([padded[at(k)] for k in range(ph * pw)]), axis=0).astype(winner.dtype)
     if type(traced) is Traced: y = _pool_gather(traced, winner=winner, geometry=geometry)   # recorded on its level
     def chain(g): return _pool_scatter(g, winner=winner, geometry=geometry)
@@ -255,9 +260,9 @@ def _pool_gather_vwc(x, *, winner, geometry):
     return _pool_gather(x, winner=winner, geometry=geometry), lambda g: _pool_scatter(g, winner=winner, geometry=geometry)
 
 _pool_scatter = Primitive('max_pool2d_scatter', _pool_scatter_vwc, unary=True, forward=_pool_scatter_value,
-                          keeps=('winner',))
+                          keeps=dict(g='winner'))
 _pool_gather = Primitive('max_pool2d_gather', _pool_gather_vwc, unary=True, forward=_pool_gather_value,
-                         keeps=('winner',))
+                         keeps=dict(x='winner'))
 
 # %% ../nbs/05a_cnn_layers.ipynb #79212a39
 def _check_labels(op, logits, labels):
@@ -275,7 +280,7 @@ def _check_labels(op, logits, labels):
         raise ArgumentError(f"{op}: labels must lie in 0..{k - 1} for {k} classes, got values from "
                             f"{int(labels.min())} to {int(labels.max())}")
 
-@defvwc(name='softmax_cross_entropy', keeps=('labels',))
+@defvwc(name='softmax_cross_entropy', keeps={})    # the one-hot rows, its own: the labels stay writeable
 def softmax_cross_entropy_vwc(logits, labels):
     "Mean over the batch of -log softmax(logits)[label], for integer labels; stable for any logits."
     _check_labels('softmax_cross_entropy', logits, labels)
@@ -285,9 +290,9 @@ def softmax_cross_entropy_vwc(logits, labels):
     total = e.sum(-1, keepdims=True)
     xp = array_module(logits)
     loss = (np.log(total[:, 0]) - shifted[xp.arange(n), labels]).sum() / n    # logsumexp minus the label's logit
+    one_hot = labels[:, None] == xp.arange(k)           # made now, so that the chain reads no array of yours
     def dlogits(g):                                     # softmax minus one-hot, over the batch size; written
-        one_hot = labels[:, None] == xp.arange(k)       # without in-place updates, so that it can be
-        return (e / total - one_hot) * (g / n)          # differentiated again
+        return (e / total - one_hot) * (g / n)          # without in-place updates, so that it can be differentiated again
     return loss, (dlogits, None)
 
 softmax_cross_entropy = softmax_cross_entropy_vwc.primitive

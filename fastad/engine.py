@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['ARGUMENT', 'Recording', 'Traced', 'apply', 'apply_scalar', 'Outputs', 'backward', 'unbox', 'unbox_all', 'is_traced',
-           'record', 'lock', 'lock_arguments', 'release', 'release_when_dropped', 'saved_array_written',
-           'collector_tuned_for_tapes', 'trace', 'PrimitiveLog', 'trace_primitives']
+           'record', 'lock', 'note_arguments', 'argument_roots', 'release', 'release_when_dropped',
+           'saved_array_written', 'collector_tuned_for_tapes', 'trace', 'PrimitiveLog', 'trace_primitives']
 
 # %% ../nbs/03b_engine.ipynb #233f65a9
 import gc, itertools, sys, threading, types, weakref
@@ -23,13 +23,15 @@ class Recording:
     """One reverse-mode recording: a tape with one entry `(name, parents)` per traced value (`None` for inputs).
     `stopped` records that a derivative was dropped on purpose (`without_derivative`) during the recording;
     `consumed` that a one-time backward pass has already freed the tape. `locks` (None: off; the transforms turn it on)
-    holds the user's arrays that the tape saved and locked read-only; `views` the arrays traced views were taken of;
-    `written` the arguments' arrays that `x op= y` replaced (see the in-place operators)."""
-    __slots__ = ('level', 'tape', 'active', 'stopped', 'consumed', 'locks', 'views', 'written')
+    holds the user's arrays that the tape saved and locked read-only; `arguments` the leaves of the arguments being
+    differentiated, and `argument_roots` the arrays owning their memory, worked out when needed (see `note_arguments`);
+    `views` the arrays traced views were taken of; `written` the arguments' arrays that `x op= y` replaced (see the
+    in-place operators)."""
+    __slots__ = ('level', 'tape', 'active', 'stopped', 'consumed', 'locks', 'arguments', 'argument_roots', 'views', 'written')
     _levels = itertools.count(1)      # next() on it is atomic: two threads never get the same level
     def __init__(self):
         self.level, self.tape, self.active, self.stopped, self.consumed = next(Recording._levels), [], True, False, False
-        self.locks = self.views = self.written = None
+        self.locks = self.arguments = self.argument_roots = self.views = self.written = None
     def new_input(self, value):
         "Wrap `value` as an input of this recording."
         return _new(self, value, None)
@@ -113,6 +115,8 @@ def apply(prim, args, kwargs=_NO_KWARGS):
             for a in args:
                 if type(a) is np.ndarray and any(_keeps(c, a) for c in chains if c is not None): lock(top, a, prim.name)
             if kwargs: _lock_kept(top, prim.name, kwargs, chains)
+            _lock_arguments_among(top, args)                                  # it may read them all
+        if type(ans) is np.ndarray and ans.base is not None: _lock_arguments_among(top, args)   # a view: read through it
     if top.written: _refuse_written(top, prim.name, args)
     if type(ans) is np.ndarray and ans.base is not None: _note_view(top, ans)
     if _logging: _record('forward', prim.name)
@@ -127,10 +131,11 @@ def _apply_one(prim, x, kwargs):
     if kwargs and recording.locks is not None:            # x[idx]: idx is kept
         if prim.kept is None: _lock_kept(recording, prim.name, kwargs, (chain,))
         elif prim.kept: _lock_declared(recording, prim, (x,), kwargs)
-    if type(ans) is np.ndarray and (ans.base is not None or ans is x.value): _note_view(recording, ans)   # x[:1], x.T
+    tape = recording.tape
+    if tape[x.idx] is None and recording.locks is not None: _lock_input(recording, prim, x, ans)   # an argument: a chain
+    if type(ans) is np.ndarray and (ans.base is not None or ans is x.value): _note_view(recording, ans)   # may read it; x.T
     if _logging: _record('forward', prim.name)
     t = Traced.__new__(Traced)                        # _new, inlined
-    tape = recording.tape
     t.value, t._recording, t.idx = ans, recording, len(tape)
     tape.append((prim.name, ((x.idx, chain),)))
     return t
@@ -143,6 +148,10 @@ def _apply_two(prim, x, y, kwargs=_NO_KWARGS):
     if not recording.active: raise _used_after_its_transform()
     ans, chains = prim.vwc(x.value, y.value, **kwargs) if kwargs else prim.vwc(x.value, y.value)
     if type(chains) is not tuple: return record(recording, prim.name, (x, y), ans, chains, kwargs)   # a custom rule of `+`, say
+    tape = recording.tape
+    if (tape[x.idx] is None or tape[y.idx] is None) and recording.locks is not None:   # an argument a chain may read (`x @ w`)
+        if prim.kept is None: _lock_arguments_among(recording, (x, y))
+        elif prim.kept: _lock_declared(recording, prim, (x, y), kwargs)
     cx, cy = chains
     if type(ans) is not float:                        # a float result came from two numbers: real, not broadcast
         _refuse_complex(prim.name, ans)               # (a float ** a float can be complex)
@@ -167,6 +176,9 @@ def apply_scalar(prim, x, c, reflected):
     ans, chains = prim.vwc(c, x.value) if reflected else prim.vwc(x.value, c)
     if type(chains) is not tuple: return record(recording, prim.name, (c, x) if reflected else (x, c), ans, chains)
     if type(ans) is complex: raise _complex(prim.name)     # Python's (-2.0) ** 0.5 is complex, not NaN
+    if recording.tape[x.idx] is None and recording.locks is not None:   # an argument: x ** 2 reads it, x * 2 does not
+        if prim.kept is None: _lock_arguments_among(recording, (x,))
+        elif prim.kept: _lock_declared(recording, prim, (c, x) if reflected else (x, c), _NO_KWARGS)
     if _logging: _record('forward', prim.name)
     t = Traced.__new__(Traced)
     tape = recording.tape
@@ -208,6 +220,7 @@ def backward(recording, seeds, consume=False):
     if consume: recording.consumed = True
     for i in range(max(seeds), -1, -1):
         entry = tape[i]
+        if entry is None: continue                    # an input: its cotangent is what the caller wants
         if type(entry) is tuple:                      # one output's entry: `(name, parents)`
             g = cts[i]
             if g is None: continue                    # nobody's cotangent reached this value
@@ -220,8 +233,7 @@ def backward(recording, seeds, consume=False):
             g = tuple(_zeros(s) if c is None else c for c, s in zip(g, entry.specs))
             cts[i:i + n] = [None] * n
             if consume: tape[i:i + n] = [None] * n
-        else: continue                                # an input (None): its cotangent is what the caller wants;
-                                                      # or a later output (an int): its entry is further down
+        else: continue                                # a later output (an int): its entry is further down
         name, parents = entry
         if log is not None: log.record('pullback', name)
         for j, chain in parents:
@@ -309,6 +321,8 @@ def __array_ufunc__(self: Traced, ufunc, method, *inputs, **kwargs):
 
 @patch
 def __array_function__(self: Traced, func, types, args, kwargs):
+    if (func is _np_shape or func is _np_ndim) and len(args) == 1 and not kwargs:
+        return func(unbox(args[0]))                   # np.shape(x) in layer code, asked often: the value's answer at once
     row = REGISTRY.get(func)
     if row is not None:
         if row.custom is not None: return row.custom(*args, **kwargs)          # a custom derivative binds its own arguments
@@ -318,6 +332,8 @@ def __array_function__(self: Traced, func, types, args, kwargs):
         return func(*[unbox(a) if type(a) is Traced else unbox_all(a) for a in args],
                     **(unbox_all(kwargs) if kwargs else kwargs))
     raise _no_derivative(f"{getattr(func, '__module__', None) or 'numpy'}.{func.__name__}")   # numpy.linalg.eig, ...
+
+_np_shape, _np_ndim = np.shape, np.ndim
 
 def _fastad_primitive(prim, args, kwargs): return apply(prim, args, kwargs)
 Traced.__fastad_primitive__ = staticmethod(_fastad_primitive)   # the adapters' way in: `apply` as a method
@@ -569,6 +585,7 @@ def record(recording, name, args, ans, pullback, kwargs=_NO_KWARGS):
         places = tuple(a.idx if type(a) is Traced and a._recording is recording else None for a in args)
         parents, kept = ((places[0] if len(places) == 1 else places, pullback),), (pullback,)
     if recording.locks is not None:                       # a user's array that the pullback keeps must not change under it
+        _lock_arguments_among(recording, (*args, *kwargs.values()))          # a custom rule may read them all
         for a in args:
             if type(a) is np.ndarray and any(_keeps(c, a) for c in kept): lock(recording, a, name)
         if kwargs: _lock_kept(recording, name, kwargs, kept)
@@ -620,15 +637,18 @@ def _keeps(chain, a, depth=2):
 # a pullback that the collector drops while the lock is held releases its arrays from inside it.
 _locked = {}              # id(root) -> [root, how many recordings hold it, {id: weak reference} of its views flagged too]
 _locked_lock = threading.RLock()
-ARGUMENT = 'the differentiated argument'    # the name an argument's lock goes by (see `lock_arguments`)
+ARGUMENT = 'the differentiated argument'    # the name an argument's lock goes by (see `note_arguments`)
 
 def lock(recording, a, name):
     """Make the user's array `a` read-only, and the array owning its memory, because `recording`'s primitive `name`
     keeps it, until `release(recording)`. Counted per array across recordings and threads; an array the user made read-only
     is left as it is, and stays so."""
-    locks = recording.locks
-    if id(a) in locks: return                         # the same buffer in every iteration of a loop: once
-    with _locked_lock: _lock_held(locks, a, name)
+    locks, key = recording.locks, id(a)
+    if key in locks: return                           # the same buffer in every iteration of a loop: once
+    with _locked_lock:
+        if a.base is None and key not in _locked and a.flags.writeable:   # the usual case, in a line: an array that owns
+            a.setflags(write=False); _locked[key] = [a, 1, None]; locks[key] = (a, name)   # its memory, held by no one
+        else: _lock_held(locks, a, name)
 
 def _lock_held(locks, a, name):
     "`lock`, with `_locked_lock` held."
@@ -663,17 +683,40 @@ def _root(a):
     return a
 
 # %% ../nbs/03b_engine.ipynb #929c84dc
-def lock_arguments(recording, arrays):
-    """Lock the arguments being differentiated (their chains read them, as `np.sin(x)`'s reads x), and note those
-    that share memory with another argument, so that `x += y` on one refuses (NumPy would change both)."""
-    locks, roots = recording.locks, set()
-    with _locked_lock:                                # once for all of them: a step locks the whole model
-        for a in arrays:
+def note_arguments(recording, arrays):
+    """Note the arguments being differentiated, their leaves `arrays`. Nothing is locked yet: an argument's array is
+    locked by the first recorded chain that reads it (`_lock_argument`: `np.sin(x)`'s reads x; in `w * c` only w's
+    chain is recorded, and it reads c), and an argument no chain reads (a bias) is never locked. Which of them share
+    memory is worked out when an in-place operator asks (`argument_roots`)."""
+    recording.arguments = arrays
+
+def _lock_argument(recording, t):
+    "Lock the array of `t` if `t` is an input of `recording` (an argument being differentiated): a chain reads it."
+    if type(t) is Traced and t._recording is recording and recording.tape[t.idx] is None and type(t.value) is _ndarray:
+        lock(recording, t.value, ARGUMENT)            # (once: a lock it holds returns at once)
+
+def argument_roots(recording):
+    """{id: array} of the arrays owning the memory of `recording`'s arguments, worked out at the first call; arguments
+    that share memory (`f(a, a)`) are noted as views, so that `x += y` on one refuses (NumPy would change both)."""
+    if recording.argument_roots is None:
+        roots = {}
+        for a in recording.arguments or ():
             if type(a) is not _ndarray: continue
-            if id(a) not in locks: _lock_held(locks, a, ARGUMENT)
             root = a if a.base is None else _root(a)
             if id(root) in roots: _note_view(recording, root)
-            roots.add(id(root))
+            roots[id(root)] = root
+        recording.argument_roots = roots
+    return recording.argument_roots
+
+def _lock_arguments_among(recording, values):
+    "`_lock_argument` for each of `values`: a rule that does not say what its chains read may read them all."
+    for v in values: _lock_argument(recording, v)
+
+def _lock_input(recording, prim, x, ans):
+    "Lock argument `x` (traced, one input of `prim`) if its chain reads it, or if `ans` may share its memory (a view)."
+    if prim.kept is None or any(i == 0 and p == 0 for i, p, _ in prim.kept) or (
+            type(ans) is _ndarray and (ans.base is not None or ans is x.value)):
+        _lock_argument(recording, x)
 
 def release(recording):
     """Give back the arrays `recording` locked: each becomes writeable when no other recording holds it, its views with it
@@ -705,15 +748,20 @@ def release_when_dropped(owner, recording):
 
 # %% ../nbs/03b_engine.ipynb #181cf548
 def _lock_declared(recording, prim, args, kwargs):
-    "Lock the user's arrays among `args` and `kwargs` that `prim` says its chains keep (`Primitive.keeps`): no walk."
+    """Lock what `prim`'s recorded chains read, as it declares (`Primitive.kept`, no walk): for each input traced on
+    `recording` (a constant's chain never runs), the user's arrays its chain reads, and the arguments it reads."""
     n = len(args)
-    for i, name in prim.kept:
-        a = args[i] if i is not None and i < n else kwargs.get(name)
-        kind = type(a)
-        if kind is _ndarray: lock(recording, a, prim.name)
+    for i, p, key in prim.kept:
+        a = args[i] if i < n else None
+        if type(a) is not Traced or a._recording is not recording: continue
+        b = args[p] if p is not None and p < n else kwargs.get(key)
+        kind = type(b)
+        if kind is _ndarray: lock(recording, b, prim.name)
+        elif kind is Traced: _lock_argument(recording, b)
         elif kind is tuple or kind is list:           # x[i, j]: a tuple of index arrays
-            for b in a:
-                if type(b) is _ndarray: lock(recording, b, prim.name)
+            for c in b:
+                if type(c) is _ndarray: lock(recording, c, prim.name)
+
 
 def _lock_kept(recording, name, kwargs, chains):
     "Lock the arrays among keyword arguments (`index=` of `x[idx]`, a tuple of them, `weights=`) that a chain keeps."
@@ -754,6 +802,7 @@ def _shares_memory(t):
     if type(a) is not _ndarray: return False          # numbers and NumPy scalars are never shared
     root = _root(a)
     while type(t) is Traced:                          # on any level of a nested transform
+        if t._recording.arguments is not None: argument_roots(t._recording)   # notes arguments that share memory
         views = t._recording.views
         if views is not None:
             ref = views.get(id(root))
@@ -769,7 +818,7 @@ def _note_written(t):
     root = _root(a)
     while type(t) is Traced:
         recording = t._recording
-        if recording.locks and recording.locks.get(id(root), (None,))[0] is root:
+        if recording.arguments and argument_roots(recording).get(id(root)) is root:
             if recording.written is None: recording.written = {}
             recording.written[id(root)] = root
         t = t.value

@@ -23,14 +23,15 @@ from .errors import DifferentiationError, NoDerivativeError
 # %% ../nbs/03a_primitives.ipynb #aca7407e
 class Primitive:
     """A differentiable operation: a name, its VWC, and whether it broadcasts its inputs elementwise.
-    `keeps` names the VWC's arguments that its chains read in the backward pass (`multiply` keeps `x` and `y`,
-    `add` nothing): the engine locks those that are the user's arrays (lesson 03b). None: not declared, and the
-    engine looks into the chains' closures instead (a custom rule).
+    `keeps` says which of the VWC's arguments each input's chain reads in the backward pass: `multiply`'s
+    `dict(x='y', y='x')` (x's cotangent is g * y), `add`'s `{}`; a tuple of names means every chain may read them.
+    The engine locks those that are the user's arrays when that input's chain is recorded (lesson 03b). None: not
+    declared, and the engine looks into the chains' closures instead (a custom rule).
     Calling it computes the value; an argument whose type defines `__fastad_primitive__` (the engine's
     traced value) takes the call over, as `__array_function__` does for NumPy functions."""
     def __init__(self, name, vwc, unary=False, broadcasts=False, forward=None, keeps=None):
         self.name, self.vwc, self.unary, self.broadcasts, self.forward = name, vwc, unary, broadcasts, forward
-        self.keeps, self.kept = keeps, None if keeps is None else _positions(name, vwc, keeps)
+        self.keeps, self.kept = keeps, None if keeps is None else _chain_reads(name, vwc, keeps)
         self.__name__, self.__doc__ = name, vwc.__doc__
     def __call__(self, *args, **kwargs):
         if self.unary and len(args) != 1:
@@ -44,13 +45,20 @@ class Primitive:
         return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
     def __repr__(self): return f"Primitive({self.name!r})"
 
-def _positions(name, vwc, keeps):
-    "`(position, name)` of each argument of `vwc` named in `keeps` (position None: keyword-only)."
+def _chain_reads(name, vwc, keeps):
+    """`keeps` worked out against `vwc`'s signature: `(input, position, name)` for each argument that the chain of a
+    positional argument (an input) reads, inputs counted from 0 (position None: a keyword-only argument)."""
     params = inspect.signature(vwc).parameters
     positional = [p for p, v in params.items() if v.kind in (v.POSITIONAL_ONLY, v.POSITIONAL_OR_KEYWORD)]
-    missing = [k for k in keeps if k not in params]
+    per_input = keeps if isinstance(keeps, dict) else dict.fromkeys(positional, keeps)
+    per_input = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in per_input.items()}
+    missing = sorted(n for n in set(per_input).union(*per_input.values()) if n not in params)
     if missing: raise DifferentiationError(f"{name}: keeps names {missing}, which are not arguments of its VWC")
-    return tuple((positional.index(k) if k in positional else None, k) for k in keeps)
+    not_inputs = [k for k in per_input if k not in positional]
+    if not_inputs: raise DifferentiationError(f"{name}: keeps is keyed by inputs (positional arguments, which have a "
+                                              f"chain), but {not_inputs[0]!r} is keyword-only")
+    return tuple((i, positional.index(n) if n in positional else None, n)
+                 for i, p in enumerate(positional) for n in per_input.get(p, ()))
 
 
 
@@ -158,33 +166,34 @@ def unbroadcast(g, shape):
         # only leading axes summed (a bias's cotangent): the rows of a matrix, added by one matrix-vector product;
         # NumPy's sum down the rows of a narrow matrix is several times slower (1440 rows of 6: 22 µs against 4)
         rows = math.prod(gshape[:k])
-        return np.reshape(np.ones(rows, g.dtype) @ g.reshape(rows, g.size // rows), shape)
+        r = np.ones(rows, g.dtype) @ g.reshape(rows, g.size // rows)
+        return r if r.shape == shape else r.reshape(shape)     # an array of its own: the gradient needs no copy
     return np.reshape(np.sum(g, axis=axes), shape)
 
 # %% ../nbs/03a_primitives.ipynb #a485fe24
-@defvwc(np.add, broadcasts=True, keeps=())
+@defvwc(np.add, broadcasts=True, keeps={})
 def add_vwc(x, y):
     "x + y: the cotangent passes to both unchanged."
     return x + y, (lambda g: g, lambda g: g)
 
-@defvwc(np.subtract, broadcasts=True, keeps=())
+@defvwc(np.subtract, broadcasts=True, keeps={})
 def subtract_vwc(x, y):
     "x - y: the cotangent passes to x, negated to y."
     return x - y, (lambda g: g, lambda g: -g)
 
-@defvwc(np.multiply, broadcasts=True, keeps=('x', 'y'))
+@defvwc(np.multiply, broadcasts=True, keeps=dict(x='y', y='x'))
 def multiply_vwc(x, y):
     "x * y: each factor's cotangent is g times the other factor."
     return x * y, (lambda g: g * y, lambda g: g * x)
 
-@defvwc(np.true_divide, broadcasts=True, keeps=('y',))     # and its result
+@defvwc(np.true_divide, broadcasts=True, keeps=dict(x='y', y='y'))     # and its result
 def divide_vwc(x, y):
     "x / y: g / y for x, -g x / y² for y."
     ans = x / y
     return ans, (lambda g: g / y, lambda g: -g * ans / y)
 
 # %% ../nbs/03a_primitives.ipynb #p3a014
-@defvwc(np.power, broadcasts=True, keeps=('x', 'y'))
+@defvwc(np.power, broadcasts=True, keeps=dict(x=('x', 'y'), y='x'))
 def power_vwc(x, y):
     "x ** y: g y x^(y-1) for x, g x^y log x for y (where x > 0)."
     ans = x ** y
@@ -203,7 +212,7 @@ def remainder_vwc(x, y):
     "x mod y = x - floor(x / y) * y: slope 1 in x and -floor(x / y) in y, between the jumps."
     return np.remainder(x, y), (lambda g: g, lambda g: -g * np.floor_divide(x, y))
 
-@defvwc(np.negative, unary=True)
+@defvwc(np.negative, unary=True, keeps={})
 def negative_vwc(x):
     "-x: the cotangent, negated."
     return -x, lambda g: -g
@@ -247,13 +256,13 @@ def _shared_chains(twice, half):
     return (lambda g: np.where(twice > 0, g * twice * half, 0)), (lambda g: np.where(twice < 2, g * (2 - twice) * half, 0))
 
 # %% ../nbs/03a_primitives.ipynb #p3a026
-@defvwc(np.maximum, broadcasts=True, keeps=())      # masks only
+@defvwc(np.maximum, broadcasts=True, keeps={})      # masks only
 def maximum_vwc(x, y):
     "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
     ans = np.maximum(x, y)
     return ans, _choice_chains(x > y, x == y, ans)
 
-@defvwc(np.minimum, broadcasts=True, keeps=())
+@defvwc(np.minimum, broadcasts=True, keeps={})
 def minimum_vwc(x, y):
     "Elementwise minimum; a tie splits the cotangent ½/½ between x and y."
     ans = np.minimum(x, y)
@@ -330,20 +339,21 @@ def _product(a, b):
     "`a @ b` for (stacks of) matrices; with an inner dimension of 1, an outer product, by broadcasting: BLAS is slower at it."
     return a * b if np.shape(a)[-1] == 1 else np.matmul(a, b)
 
-@defvwc(np.matmul, keeps=('x', 'y'))
+@defvwc(np.matmul, keeps=dict(x='y', y='x'))
 def matmul_vwc(x, y):
     "x @ y (vectors, matrices, stacks): g @ yᵀ for x, xᵀ @ g for y."
     # a list on one side (`[1., 2.] @ x`) becomes an array of the other side's kind, so that the chains can index it
     if isinstance(x, (list, tuple)): x = _module_under(y).asarray(x)
     if isinstance(y, (list, tuple)): y = _module_under(x).asarray(y)
+    nx, ny, sx, sy = np.ndim(x), np.ndim(y), np.shape(x), np.shape(y)   # each chain reads the other's values, its own shape
     def dx(g):
-        if np.ndim(y) == 1: return g * y if np.ndim(x) == 1 else g[..., None] * y
-        if np.ndim(x) == 1: return unbroadcast(np.matmul(y, g[..., None])[..., 0], np.shape(x))
-        return unbroadcast(_product(g, np.swapaxes(y, -1, -2)), np.shape(x))
+        if ny == 1: return g * y if nx == 1 else g[..., None] * y
+        if nx == 1: return unbroadcast(np.matmul(y, g[..., None])[..., 0], sx)
+        return unbroadcast(_product(g, np.swapaxes(y, -1, -2)), sx)
     def dy(g):
-        if np.ndim(x) == 1: return g * x if np.ndim(y) == 1 else x[:, None] * g[..., None, :]
-        if np.ndim(y) == 1: return unbroadcast(np.matmul(np.swapaxes(x, -1, -2), g[..., None])[..., 0], np.shape(y))
-        return unbroadcast(_product(np.swapaxes(x, -1, -2), g), np.shape(y))
+        if nx == 1: return g * x if ny == 1 else x[:, None] * g[..., None, :]
+        if ny == 1: return unbroadcast(np.matmul(np.swapaxes(x, -1, -2), g[..., None])[..., 0], sy)
+        return unbroadcast(_product(np.swapaxes(x, -1, -2), g), sy)
     return np.matmul(x, y), (dx, dy)
 
 @defvwc(np.dot)
@@ -520,13 +530,13 @@ def _count(shape, axis):
     return math.prod(shape) if axis is None else math.prod(shape[a] for a in axes_of(axis))
 
 # %% ../nbs/03a_primitives.ipynb #p3a051
-@defvwc(np.sum, unary=True)
+@defvwc(np.sum, unary=True, keeps={})
 def sum_vwc(x, *, axis=None, keepdims=False):
     "Sum over `axis`: the cotangent broadcast back over the summed axes."
     shape = np.shape(x)
     return np.sum(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(_expand(g, shape, axis, keepdims), shape)
 
-@defvwc(np.mean, unary=True)
+@defvwc(np.mean, unary=True, keeps={})
 def mean_vwc(x, *, axis=None, keepdims=False):
     "Mean over `axis`: the cotangent divided by the count, broadcast back."
     shape = np.shape(x)
@@ -607,43 +617,43 @@ def std_vwc(x, *, axis=None, ddof=0, keepdims=False):
     return ans, chain
 
 # %% ../nbs/03a_primitives.ipynb #dce5ca50
-@defvwc(np.reshape, unary=True)
+@defvwc(np.reshape, unary=True, keeps={})
 def reshape_vwc(x, *, shape, order='C'):
     "A new shape: the cotangent reshaped back, in the same order."
     old = np.shape(x)                                 # the cotangent goes back in the same order it came
     return np.reshape(x, shape, order=order), lambda g: np.reshape(g, old, order=order)
 
-@defvwc(np.transpose, unary=True)
+@defvwc(np.transpose, unary=True, keeps={})
 def transpose_vwc(x, *, axes=None):
     "Axes permuted: the cotangent permuted back by the inverse permutation."
     inverse = None if axes is None else tuple(int(i) for i in np.argsort([a % np.ndim(x) for a in axes]))
     return np.transpose(x, axes), lambda g: np.transpose(g, inverse)
 
-@defvwc(np.swapaxes, unary=True)
+@defvwc(np.swapaxes, unary=True, keeps={})
 def swapaxes_vwc(x, *, axis1, axis2):
     "Two axes swapped: the cotangent swapped back."
     return np.swapaxes(x, axis1, axis2), lambda g: np.swapaxes(g, axis1, axis2)
 
 # %% ../nbs/03a_primitives.ipynb #p3a067
-@defvwc(np.squeeze, unary=True)
+@defvwc(np.squeeze, unary=True, keeps={})
 def squeeze_vwc(x, *, axis=None):
     "Size-1 axes removed: the cotangent reshaped back."
     old = np.shape(x)
     return np.squeeze(x, axis=axis), lambda g: np.reshape(g, old)
 
-@defvwc(np.expand_dims, unary=True)
+@defvwc(np.expand_dims, unary=True, keeps={})
 def expand_dims_vwc(x, *, axis):
     "A size-1 axis inserted: the cotangent reshaped back."
     old = np.shape(x)
     return np.expand_dims(x, axis), lambda g: np.reshape(g, old)
 
-@defvwc(np.ravel, unary=True)
+@defvwc(np.ravel, unary=True, keeps={})
 def ravel_vwc(x, *, order='C'):
     "Flattened: the cotangent reshaped back, in the same order."
     old = np.shape(x)
     return np.ravel(x, order=order), lambda g: np.reshape(g, old, order=order)
 
-@defvwc(np.broadcast_to, unary=True)
+@defvwc(np.broadcast_to, unary=True, keeps={})
 def broadcast_to_vwc(x, *, shape):
     "Broadcast to `shape`: the cotangent summed back down to x's shape."
     old = np.shape(x)
@@ -689,7 +699,7 @@ def stack_vwc(*xs, axis=0):
     return np.stack(xs, axis=axis), tuple(chain(i) for i in range(len(xs)))
 
 # %% ../nbs/03a_primitives.ipynb #5d8be29c
-@defvwc(np.where, keeps=('cond',))
+@defvwc(np.where, keeps=dict(x='cond', y='cond'))
 def where_vwc(cond, x, y):
     "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond

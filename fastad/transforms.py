@@ -91,7 +91,7 @@ def _cast_like(c, value):
 def value_with_pullback(f, *args, argnums=None):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
     `args` (a tuple when there are several; only those `argnums` picks). It can be called many times. While it
-    lives, the arrays it reads are read-only: the arguments, and the user's arrays that its chains keep (given back
+    lives, the arrays it reads are read-only: the arguments and the user's arrays that its chains keep (given back
     writeable when it is dropped and no other pullback reads them). The value's arrays are read-only views of the
     tape's own, and stay so: copy one (`value.copy()`) to write into it."""
     f, args, shaped = _differentiated('value_with_pullback', f, args, argnums)
@@ -111,8 +111,10 @@ def _release_when_dropped(pullback, recording):
     engine.release_when_dropped(pullback, recording)
 
 # %% ../nbs/03d_transforms.ipynb #edc2sp02
-def _value_with_pullback(f, args, once=False):
-    "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
+def _recorded(f, args, once, depth):
+    """Record `f(*args)`, with the collector already tuned by the caller: `(trace, primals, rebuild, out, mine, value)`,
+    `mine` being the result's leaves traced on `trace` (None for the others). With `once` the value shares the tape's
+    arrays (nobody else holds them); else it gets read-only views. `depth`: the user's frame, for the warning."""
     if not callable(f): raise DifferentiationError(f"value_with_pullback: f must be callable, not {_describe(f)}")
     if not args: raise DifferentiationError(f"value_with_pullback: no arguments given to differentiate {_name(f)} at")
     primals, rebuild = flatten(args, where=f'argument', arguments=True)
@@ -120,18 +122,17 @@ def _value_with_pullback(f, args, once=False):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
     trace = Recording()
     trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
-    engine.lock_arguments(trace, primals)             # and the arguments: `np.sin(x)`'s chain reads x
+    engine.note_arguments(trace, primals)             # and the arguments, once a chain reads one (`np.sin(x)` reads x)
     recorded = False
-    with collector_tuned_for_tapes():                 # see the engine: the collector would walk the growing tape
-        try:
-            out = f(*rebuild([trace.new_input(p) for p in primals]))
-            recorded = True
-        except ValueError as e:                       # a write into an array the backward pass reads
-            if 'read-only' not in str(e) or not (trace.locks or trace.stopped): raise
-            raise engine.saved_array_written(trace, e) from e
-        finally:
-            trace.active = False
-            if not recorded: engine.release(trace)     # f raised: no tape, nothing stays locked
+    try:
+        out = f(*rebuild([trace.new_input(p) for p in primals]))
+        recorded = True
+    except ValueError as e:                           # a write into an array the backward pass reads
+        if 'read-only' not in str(e) or not (trace.locks or trace.stopped or engine._locked): raise   # else your own
+        raise engine.saved_array_written(trace, e) from e
+    finally:
+        trace.active = False
+        if not recorded: engine.release(trace)         # f raised: no tape, nothing stays locked
     try:
         outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
         value = rebuild_out([unbox(o, trace) if once else _read_only(unbox(o, trace)) for o in outs])
@@ -140,7 +141,21 @@ def _value_with_pullback(f, args, once=False):
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
                       f"derivative is always zero; if that is intended, say so with without_derivative",
-                      ZeroDerivativeWarning, stacklevel=4)
+                      ZeroDerivativeWarning, stacklevel=depth)
+    return trace, primals, rebuild, out, mine, value
+
+# %% ../nbs/03d_transforms.ipynb #e7155a4f
+def _gradients(cts, primals, rebuild, seeds, n):
+    "The arguments' gradients from the backward pass's `cts`, shaped as the arguments (one of `n`, or a tuple)."
+    seen = {id(c) for c in seeds.values()}            # never hand back the caller's own cotangent
+    grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)], construct=False)   # no model code runs
+    return grads[0] if n == 1 else grads
+
+# %% ../nbs/03d_transforms.ipynb #aa574b17
+def _value_with_pullback(f, args, once=False):
+    "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
+    with collector_tuned_for_tapes():                 # see the engine: the collector would walk the growing tape
+        trace, primals, rebuild, out, mine, value = _recorded(f, args, once, depth=5)
 
     def pullback(cotangent):
         cts = leaves_like(out, cotangent, f"pullback of {_name(f)}: the cotangent")   # matched by key, not position
@@ -157,9 +172,7 @@ def _value_with_pullback(f, args, once=False):
             with collector_tuned_for_tapes(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
         finally:
             if once: engine.release(trace)             # the tape is gone: the user's arrays are theirs again
-        seen = {id(c) for c in seeds.values()}             # never hand back the caller's own cotangent
-        grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)], construct=False)   # no model code runs
-        return grads[0] if len(args) == 1 else grads
+        return _gradients(cts, primals, rebuild, seeds, len(args))
     _release_when_dropped(pullback, trace)
     return value, pullback
 
@@ -170,14 +183,16 @@ def pullback(f, *args, argnums=None):
 # %% ../nbs/03d_transforms.ipynb #c7652e1d
 def _seed(value, f):
     "The cotangent 1 for a scalar result; an error for anything else."
+    kind = type(value)
+    if kind is float: return 1.0
+    if kind is np.float64 or kind is np.float32: return kind(1)      # the usual losses, answered first
     structured = is_container(value)
     if structured or np.ndim(unbox(value)) != 0:
         what = f"a {type(value).__name__}" if structured else f"shape {np.shape(unbox(value))}"
         raise NonScalarOutputError(
             f"gradient of {_name(f)}: the result has {what}, but a gradient needs a scalar result. Reduce it "
             f"(e.g. with .sum() or .mean()), or use pullback(f, x)(cotangent) for a non-scalar result")
-    if type(value) is float: return 1.0
-    if isinstance(value, np.generic): return type(value)(1)
+    if isinstance(value, np.generic): return kind(1)
     return np.ones_like(value)
 
 def value_with_gradient(f, *args, argnums=None, has_aux=False):
@@ -188,10 +203,16 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
     if has_aux: return _with_aux(f, args, argnums)
     f, args, shaped = _differentiated('value_with_gradient', f, args, argnums)
     with collector_tuned_for_tapes():                 # one pause over both passes: no full collection in between
-        value, pb = _value_with_pullback(f, args, once=True)    # nobody else sees this pullback: its tape is freed as it runs
-        grads = pb(_seed(value, f))
-        return value, (grads if shaped is None else shaped(grads))
+        trace, primals, rebuild, out, mine, value = _recorded(f, args, once=True, depth=4)
+        try:                                          # the pullback's steps for the one seed; nobody else sees this
+            seed, o = _seed(value, f), mine[0]        # tape, so it is freed as it runs
+            seeds = {} if o is None else {o.idx: _cast_like(seed, o.value)}
+            cts = backward(trace, seeds, consume=True) if seeds else [None] * len(primals)
+        finally: engine.release(trace)                # the user's arrays are theirs again
+    grads = _gradients(cts, primals, rebuild, seeds, len(args))
+    return value, (grads if shaped is None else shaped(grads))
 
+# %% ../nbs/03d_transforms.ipynb #4870472a
 def _without_ended_levels(x):
     "`x` without the levels of transforms that have ended (those still running keep theirs)."
     while type(x) is Traced and not x._recording.active: x = x.value

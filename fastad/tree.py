@@ -138,14 +138,13 @@ _FIELD_FORM = ("declare each parameter in the class body, as a dataclass field, 
                "    net = Net(l1=fd.Dense(3, 1))\n(see lesson 04, 'Differentiable models')")
 
 # %% ../nbs/03c_tree.ipynb #t3c00004
-_FIELDS = weakref.WeakKeyDictionary()             # dataclass -> its _Fields
+_FIELDS = {}         # dataclass -> its _Fields (a plain dict: a _Fields holds its class anyway, and a lookup is a third as dear)
 
 def _fields_of(cls):
     "`cls`'s `_Fields`, worked out at its first use."
-    try: return _FIELDS[cls]
-    except KeyError:
-        _FIELDS[cls] = fields = _Fields(cls)
-        return fields
+    fields = _FIELDS.get(cls)
+    if fields is None: _FIELDS[cls] = fields = _Fields(cls)
+    return fields
 
 def _differentiable(field): return field.metadata.get('differentiable', True)
 
@@ -171,7 +170,8 @@ def _holds_leaves(x): return _any_item(x, _is_parameter)
 # %% ../nbs/03c_tree.ipynb #t3c00008
 class _Fields:
     "A dataclass's `__init__` fields, which of them are differentiable, and how to build one from them: worked out once per class."
-    __slots__ = ('cls', 'fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', 'declared', 'own_init', '__weakref__')
+    __slots__ = ('cls', 'fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', 'declared', 'own_init', 'checks',
+                 '__weakref__')
     def __init__(self, cls):
         initvars = [f.name for f in cls.__dataclass_fields__.values() if f._field_type is dataclasses._FIELD_INITVAR]
         if initvars and issubclass(cls, Differentiable):         # rebuilt from its fields, a model would lose them
@@ -190,6 +190,7 @@ class _Fields:
         except (TypeError, ValueError): self.takes = False
         self.declared = set(cls.__dataclass_fields__)
         self.own_init = issubclass(cls, Differentiable) and not self.stores and cls not in _WRITTEN_INIT
+        self.checks = self.own_init                   # whether `check_undeclared` has anything to look at
     def build(self, x, values, construct=True):
         """A new object of `x`'s class with these field values. With `construct=False` (a gradient, a step, a
         `tree_map` result) no code of the class runs: it is `x` with new fields, and nothing validates them."""
@@ -281,6 +282,8 @@ def _contains_itself(where, x):
                                 f"further down): fastad cannot take apart or rebuild a structure with a cycle")
 
 # %% ../nbs/03c_tree.ipynb #t3c00013
+_ndarray = np.ndarray
+
 class _Static:
     "A value that rides along unchanged in a rebuilt structure: an int, a flag, a nondifferentiable field."
     __slots__ = ('value',)
@@ -299,44 +302,64 @@ def flatten(x, where='argument', arguments=False, static_ok=False):
     `static_ok=True`, anything that cannot be differentiated (an int, a string, a function) rides along, as it
     always does inside a dataclass. `rebuild(new, construct=False)` builds models without running their code
     (for gradients: see `rebuilt`)."""
-    leaves, inside = [], set()
-    spec = ((x, [_walk(v, (where, i, ' {}'), static_ok, leaves, inside) for i, v in enumerate(x)], None) if arguments
-            else _walk(x, where, static_ok, leaves, inside))
+    leaves = []
+    try:
+        spec = ((x, [_walk(v, (where, i, ' {}'), static_ok, leaves) for i, v in enumerate(x)], None) if arguments
+                else _walk(x, where, static_ok, leaves))
+    except RecursionError:                               # a structure that holds itself, or only a very deep one:
+        for label, v in (((where, i, ' {}'), v) for i, v in enumerate(x)) if arguments else ((where, x),):
+            _refuse_cycles(v, label, set())              # walked again, the containers in hand, to say which
+        raise
     return leaves, lambda new, construct=True: _rebuild(spec, iter(new), construct)
 
-def _walk(x, where, static_ok, leaves, inside):
-    "`x`'s spec for `_rebuild`, putting its leaves in `leaves`; `inside` holds the containers being walked. (A module"
-    " function: a nested recursive one would be a reference cycle, keeping the leaves, and so a whole tape, alive.)"
-    if is_leaf(x):
-        leaves.append(x)
-        return None                                      # marks where the next leaf goes
+def _walk(x, where, static_ok, leaves):
+    "`x`'s spec for `_rebuild`, putting its leaves in `leaves`. (A module function: a nested recursive one would be a"
+    " reference cycle, keeping the leaves, and so a whole tape, alive.)"
     kind = type(x)
-    if kind is list or kind is tuple:
-        if id(x) in inside: raise _contains_itself(where, x)
-        inside.add(id(x))
-        spec = (x, [_walk(v, (where, i, '[{!r}]'), static_ok, leaves, inside) for i, v in enumerate(x)], None)
+    if kind is _ndarray:
+        if x.dtype.kind == 'f':                          # the common leaf, asked directly
+            leaves.append(x)
+            return None                                  # marks where the next leaf goes
+    elif kind is list or kind is tuple:
+        return (x, [_walk(v, (where, i, '[{!r}]'), static_ok, leaves) for i, v in enumerate(x)], None)
     elif hasattr(kind, '__dataclass_fields__'):          # ints, flags, functions in a model ride along
-        if id(x) in inside: raise _contains_itself(where, x)
-        inside.add(id(x))
         fields = _fields_of(kind)
-        fields.check_undeclared(x, where)
-        spec = (x, [_walk(getattr(x, name), (where, name, '.{}'), True, leaves, inside) if d else _Static(getattr(x, name))
-                    for name, d in fields.differentiable], fields)
-    elif not is_container(x):
+        if fields.checks: fields.check_undeclared(x, where)
+        specs = []
+        for name, d in fields.differentiable:
+            v = getattr(x, name)
+            if not d: specs.append(_Static(v))
+            elif type(v) is _ndarray and v.dtype.kind == 'f': leaves.append(v); specs.append(None)   # a weight: no call
+            else: specs.append(_walk(v, (where, name, '.{}'), True, leaves))
+        return (x, specs, fields)
+    elif is_leaf(x):                                     # a float, a traced value, a NumPy scalar, a device array
+        leaves.append(x)
+        return None
+    if not is_container(x):
         if static_ok: return _Static(x)
         raise _cannot(where, x)
-    else:
-        if id(x) in inside: raise _contains_itself(where, x)
-        inside.add(id(x))
-        spec = (x, [_walk(v, label, static_ok, leaves, inside) for label, v, _ in _labelled(x, _label(where))], None)
+    return (x, [_walk(v, label, static_ok, leaves) for label, v, _ in _labelled(x, _label(where))], None)
+
+# %% ../nbs/03c_tree.ipynb #3a274391
+def _refuse_cycles(x, where, inside):
+    "Raise `_contains_itself` if structure `x` holds itself, walking what `_walk` walks with the containers in hand."
+    kind = type(x)
+    if kind is list or kind is tuple: items = [((where, i, '[{!r}]'), v) for i, v in enumerate(x)]
+    elif hasattr(kind, '__dataclass_fields__'):
+        items = [((where, name, '.{}'), getattr(x, name)) for name, d in _fields_of(kind).differentiable if d]
+    elif is_container(x) and not is_leaf(x): items = [(label, v) for label, v, _ in _labelled(x, _label(where))]
+    else: return
+    if id(x) in inside: raise _contains_itself(where, x)
+    inside.add(id(x))
+    for label, v in items: _refuse_cycles(v, label, inside)
     inside.discard(id(x))
-    return spec
 
 def _rebuild(spec, leaves, construct):
     if spec is None: return next(leaves)
     if type(spec) is _Static: return spec.value
     x, specs, fields = spec
-    values = [_rebuild(s, leaves, construct) for s in specs]
+    values = [next(leaves) if s is None else s.value if type(s) is _Static else _rebuild(s, leaves, construct)
+              for s in specs]                            # a leaf or a setting without a call: most items are one
     return rebuilt(x, values, construct) if fields is None else fields.build(x, values, construct)
 
 # %% ../nbs/03c_tree.ipynb #t3c00017

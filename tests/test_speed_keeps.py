@@ -26,34 +26,72 @@ DECLARED = [   # (primitive, positional arguments, keyword arguments): every rul
     (cnn._conv_dx, (G, F), dict(shape=X.shape, strides=(1, 1), amounts=((0, 0), (0, 0)))),
     (cnn._conv_dfilter, (X, G), dict(size=(3, 3), strides=(1, 1), amounts=((0, 0), (0, 0)))),
     (cnn.max_pool2d, (X,), {}), (cnn.softmax_cross_entropy, (LOGITS, LABELS), {}),
+    (P.sum_vwc.primitive, (A,), dict(axis=0)), (P.mean_vwc.primitive, (A,), dict(axis=1, keepdims=True)),
+    (P.reshape_vwc.primitive, (A,), dict(shape=(4, 3))), (P.transpose_vwc.primitive, (A,), dict(axes=(1, 0))),
+    (P.swapaxes_vwc.primitive, (A,), dict(axis1=0, axis2=1)), (P.squeeze_vwc.primitive, (A[None],), {}),
+    (P.expand_dims_vwc.primitive, (A,), dict(axis=0)), (P.ravel_vwc.primitive, (A,), {}),
+    (P.broadcast_to_vwc.primitive, (A[:1],), dict(shape=(3, 4))), (P.negative_vwc.primitive, (A,), {}),
     (cnn._pool_scatter, (rng.standard_normal((2, 3, 3, 3)),), dict(winner=np.zeros((2, 3, 3, 3), np.uint8), geometry=GEOMETRY)),
     (cnn._pool_gather, (X,), dict(winner=np.zeros((2, 3, 3, 3), np.uint8), geometry=GEOMETRY))]
 
 @pytest.mark.parametrize("prim, args, kwargs", DECLARED, ids=[p.name for p, _, _ in DECLARED])
 def test_a_declaration_names_every_array_its_chains_keep(prim, args, kwargs):
+    "Each input's chain reads no array of the call beyond what `keeps` declares for that input."
     assert prim.keeps is not None
     _, chains = prim.vwc(*args, **kwargs)
     chains = chains if isinstance(chains, tuple) else (chains,)
     names = list(prim.vwc.__code__.co_varnames[:prim.vwc.__code__.co_argcount + prim.vwc.__code__.co_kwonlyargcount])
     given = dict(zip(names, args)) | kwargs
-    kept = {n for n, a in given.items() if type(a) is np.ndarray and any(engine._keeps(c, a) for c in chains if c is not None)}
-    assert kept <= set(prim.keeps), f"{prim.name}: its chains keep {sorted(kept)}, it declares {prim.keeps}"
+    for i, chain in enumerate(chains):
+        if chain is None: continue
+        kept = {n for n, a in given.items() if type(a) is np.ndarray and engine._keeps(chain, a)}
+        declared = {n for j, _, n in prim.kept if j == i}
+        assert kept <= declared, f"{prim.name}: input {names[i]}'s chain keeps {sorted(kept)}, it declares {sorted(declared)}"
+
+def test_a_chain_that_is_never_recorded_locks_nothing():
+    c, w = np.array([1., 2.]), np.array([3., 4.])
+    seen = []
+    def f(w):
+        y = c * w                                     # only w's chain is recorded, and it reads c: c locked, w not
+        seen.append((c.flags.writeable, w_user.flags.writeable))
+        return y.sum()
+    w_user = w
+    np.testing.assert_allclose(fd.gradient(f, w), c)
+    assert seen == [(False, True)] and c.flags.writeable and w.flags.writeable
+    x, filt, seen = X.copy(), F.copy(), []
+    def g(x):
+        y = cnn.conv2d(x, filt, BIAS)                 # the filter a constant: x's chain reads it
+        seen.append((x_user.flags.writeable, filt.flags.writeable))
+        return y.sum()
+    x_user = x
+    fd.gradient(g, x)
+    assert seen == [(True, False)] and filt.flags.writeable
 
 def test_keeps_must_name_arguments_of_the_vwc():
     def twice_vwc(x): return 2 * x, lambda g: 2 * g
     with pytest.raises(DifferentiationError, match=r"twice: keeps names \['y'\]"):
         P.Primitive('twice', twice_vwc, keeps=('y',))
     assert P.Primitive('twice', twice_vwc, keeps=()).kept == ()
+    assert P.Primitive('twice', twice_vwc, keeps=dict(x='x')).kept == ((0, 0, 'x'),)
 
-def test_a_declared_argument_passed_by_keyword_is_locked_too():
+def test_labels_written_after_the_loss_leave_its_gradient_right():
     labels = LABELS.copy()
     def f(logits):
         loss = cnn.softmax_cross_entropy(logits, labels=labels)
-        labels[0] = 2                                 # dlogits reads labels in the backward pass
+        labels[0] = 2                                 # the next batch's: the chain made its one-hot rows already
         return loss
-    with pytest.raises(DifferentiationError, match="passed to softmax_cross_entropy"):
-        fd.gradient(f, LOGITS)
-    assert labels.flags.writeable and labels[0] == 0
+    np.testing.assert_allclose(fd.gradient(f, LOGITS), fd.gradient(lambda l: cnn.softmax_cross_entropy(l, LABELS), LOGITS))
+    assert labels.flags.writeable and labels[0] == 2
+
+def test_a_declared_index_passed_by_keyword_is_locked():
+    idx = np.array([2, 0])
+    def f(x):
+        y = np.take(x, indices=idx)                   # take's pullback scatters by idx
+        idx[0] = 1
+        return (y * np.array([1., 10.])).sum()
+    with pytest.raises(DifferentiationError, match="backward pass reads was written"):
+        fd.gradient(f, np.ones(3))
+    assert idx.flags.writeable and list(idx) == [2, 0]
 
 def test_the_batch_of_a_convolution_is_locked_its_bias_is_not():
     x, seen = X.copy(), []
