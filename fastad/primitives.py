@@ -272,22 +272,24 @@ def minimum_vwc(x, y):
 @defvwc(np.exp, unary=True)
 def exp_vwc(x):
     "exp(x): g times the result itself."
-    ans = np.exp(x)
+    ans = math.exp(x) if type(x) is float and x < 709. else np.exp(x)   # a Python number below 709: math's, no overflow
     return ans, lambda g: g * ans
 
 @defvwc(np.log, unary=True)
 def log_vwc(x):
     "log(x): g / x."
-    return np.log(x), lambda g: g / x
+    return (math.log(x) if type(x) is float and x > 0 else np.log(x)), lambda g: g / x
 
 @defvwc(np.sin, unary=True)
 def sin_vwc(x):
     "sin(x): g cos(x)."
+    if type(x) is float and math.isfinite(x): return math.sin(x), lambda g: g * math.cos(x)   # a Python number: math's
     return np.sin(x), lambda g: g * np.cos(x)
 
 @defvwc(np.cos, unary=True)
 def cos_vwc(x):
     "cos(x): -g sin(x)."
+    if type(x) is float and math.isfinite(x): return math.cos(x), lambda g: -g * math.sin(x)
     return np.cos(x), lambda g: -g * np.sin(x)
 
 @defvwc(np.tan, unary=True)
