@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['ARGUMENT', 'Recording', 'Traced', 'apply', 'apply_scalar', 'Outputs', 'backward', 'unbox', 'unbox_all', 'is_traced',
-           'record', 'lock', 'note_arguments', 'argument_roots', 'release', 'release_when_dropped',
+           'record', 'lock', 'lock_arguments', 'argument_roots', 'release', 'release_when_dropped',
            'saved_array_written', 'collector_tuned_for_tapes', 'trace', 'PrimitiveLog', 'trace_primitives']
 
 # %% ../nbs/03b_engine.ipynb #233f65a9
@@ -24,7 +24,7 @@ class Recording:
     `stopped` records that a derivative was dropped on purpose (`without_derivative`) during the recording;
     `consumed` that a one-time backward pass has already freed the tape. `locks` (None: off; the transforms turn it on)
     holds the user's arrays that the tape saved and locked read-only; `arguments` the leaves of the arguments being
-    differentiated, and `argument_roots` the arrays owning their memory, worked out when needed (see `note_arguments`);
+    differentiated, and `argument_roots` the arrays owning their memory, worked out when needed (see `lock_arguments`);
     `views` the arrays traced views were taken of; `written` the arguments' arrays that `x op= y` replaced (see the
     in-place operators)."""
     __slots__ = ('level', 'tape', 'active', 'stopped', 'consumed', 'locks', 'arguments', 'argument_roots', 'views', 'written')
@@ -115,8 +115,6 @@ def apply(prim, args, kwargs=_NO_KWARGS):
             for a in args:
                 if type(a) is np.ndarray and any(_keeps(c, a) for c in chains if c is not None): lock(top, a, prim.name)
             if kwargs: _lock_kept(top, prim.name, kwargs, chains)
-            _lock_arguments_among(top, args)                                  # it may read them all
-        if type(ans) is np.ndarray and ans.base is not None: _lock_arguments_among(top, args)   # a view: read through it
     if top.written: _refuse_written(top, prim.name, args)
     if type(ans) is np.ndarray and ans.base is not None: _note_view(top, ans)
     if _logging: _record('forward', prim.name)
@@ -131,11 +129,10 @@ def _apply_one(prim, x, kwargs):
     if kwargs and recording.locks is not None:            # x[idx]: idx is kept
         if prim.kept is None: _lock_kept(recording, prim.name, kwargs, (chain,))
         elif prim.kept: _lock_declared(recording, prim, (x,), kwargs)
-    tape = recording.tape
-    if tape[x.idx] is None and recording.locks is not None: _lock_input(recording, prim, x, ans)   # an argument: a chain
-    if type(ans) is np.ndarray and (ans.base is not None or ans is x.value): _note_view(recording, ans)   # may read it; x.T
+    if type(ans) is np.ndarray and (ans.base is not None or ans is x.value): _note_view(recording, ans)   # x[:1], x.T
     if _logging: _record('forward', prim.name)
     t = Traced.__new__(Traced)                        # _new, inlined
+    tape = recording.tape
     t.value, t._recording, t.idx = ans, recording, len(tape)
     tape.append((prim.name, ((x.idx, chain),)))
     return t
@@ -148,10 +145,6 @@ def _apply_two(prim, x, y, kwargs=_NO_KWARGS):
     if not recording.active: raise _used_after_its_transform()
     ans, chains = prim.vwc(x.value, y.value, **kwargs) if kwargs else prim.vwc(x.value, y.value)
     if type(chains) is not tuple: return record(recording, prim.name, (x, y), ans, chains, kwargs)   # a custom rule of `+`, say
-    tape = recording.tape
-    if (tape[x.idx] is None or tape[y.idx] is None) and recording.locks is not None:   # an argument a chain may read (`x @ w`)
-        if prim.kept is None: _lock_arguments_among(recording, (x, y))
-        elif prim.kept: _lock_declared(recording, prim, (x, y), kwargs)
     cx, cy = chains
     if type(ans) is not float:                        # a float result came from two numbers: real, not broadcast
         _refuse_complex(prim.name, ans)               # (a float ** a float can be complex)
@@ -176,9 +169,6 @@ def apply_scalar(prim, x, c, reflected):
     ans, chains = prim.vwc(c, x.value) if reflected else prim.vwc(x.value, c)
     if type(chains) is not tuple: return record(recording, prim.name, (c, x) if reflected else (x, c), ans, chains)
     if type(ans) is complex: raise _complex(prim.name)     # Python's (-2.0) ** 0.5 is complex, not NaN
-    if recording.tape[x.idx] is None and recording.locks is not None:   # an argument: x ** 2 reads it, x * 2 does not
-        if prim.kept is None: _lock_arguments_among(recording, (x,))
-        elif prim.kept: _lock_declared(recording, prim, (c, x) if reflected else (x, c), _NO_KWARGS)
     if _logging: _record('forward', prim.name)
     t = Traced.__new__(Traced)
     tape = recording.tape
@@ -585,7 +575,6 @@ def record(recording, name, args, ans, pullback, kwargs=_NO_KWARGS):
         places = tuple(a.idx if type(a) is Traced and a._recording is recording else None for a in args)
         parents, kept = ((places[0] if len(places) == 1 else places, pullback),), (pullback,)
     if recording.locks is not None:                       # a user's array that the pullback keeps must not change under it
-        _lock_arguments_among(recording, (*args, *kwargs.values()))          # a custom rule may read them all
         for a in args:
             if type(a) is np.ndarray and any(_keeps(c, a) for c in kept): lock(recording, a, name)
         if kwargs: _lock_kept(recording, name, kwargs, kept)
@@ -637,7 +626,7 @@ def _keeps(chain, a, depth=2):
 # a pullback that the collector drops while the lock is held releases its arrays from inside it.
 _locked = {}              # id(root) -> [root, how many recordings hold it, {id: weak reference} of its views flagged too]
 _locked_lock = threading.RLock()
-ARGUMENT = 'the differentiated argument'    # the name an argument's lock goes by (see `note_arguments`)
+ARGUMENT = 'the differentiated argument'    # the name an argument's lock goes by (see `lock_arguments`)
 
 def lock(recording, a, name):
     """Make the user's array `a` read-only, and the array owning its memory, because `recording`'s primitive `name`
@@ -683,17 +672,21 @@ def _root(a):
     return a
 
 # %% ../nbs/03b_engine.ipynb #929c84dc
-def note_arguments(recording, arrays):
-    """Note the arguments being differentiated, their leaves `arrays`. Nothing is locked yet: an argument's array is
-    locked by the first recorded chain that reads it (`_lock_argument`: `np.sin(x)`'s reads x; in `w * c` only w's
-    chain is recorded, and it reads c), and an argument no chain reads (a bias) is never locked. Which of them share
-    memory is worked out when an in-place operator asks (`argument_roots`)."""
+def lock_arguments(recording, arrays):
+    """Lock the arguments being differentiated, the leaves `arrays`, all at once: once a value of theirs entered the
+    forward pass, a write into one (through another name) would make the tape's later uses differ from NumPy's, and
+    chains read them (`np.sin(x)`'s reads x). Which of them share memory is worked out when an in-place operator
+    asks (`argument_roots`)."""
+    locks = recording.locks
+    with _locked_lock:                                # once for all of them: a step locks the whole model
+        for a in arrays:
+            if type(a) is not _ndarray: continue
+            key = id(a)
+            if key in locks: continue                 # the same array passed twice: once
+            if a.base is None and key not in _locked and a.flags.writeable:   # the usual case, in a line (see `lock`)
+                a.setflags(write=False); _locked[key] = [a, 1, None]; locks[key] = (a, ARGUMENT)
+            else: _lock_held(locks, a, ARGUMENT)
     recording.arguments = arrays
-
-def _lock_argument(recording, t):
-    "Lock the array of `t` if `t` is an input of `recording` (an argument being differentiated): a chain reads it."
-    if type(t) is Traced and t._recording is recording and recording.tape[t.idx] is None and type(t.value) is _ndarray:
-        lock(recording, t.value, ARGUMENT)            # (once: a lock it holds returns at once)
 
 def argument_roots(recording):
     """{id: array} of the arrays owning the memory of `recording`'s arguments, worked out at the first call; arguments
@@ -708,15 +701,6 @@ def argument_roots(recording):
         recording.argument_roots = roots
     return recording.argument_roots
 
-def _lock_arguments_among(recording, values):
-    "`_lock_argument` for each of `values`: a rule that does not say what its chains read may read them all."
-    for v in values: _lock_argument(recording, v)
-
-def _lock_input(recording, prim, x, ans):
-    "Lock argument `x` (traced, one input of `prim`) if its chain reads it, or if `ans` may share its memory (a view)."
-    if prim.kept is None or any(i == 0 and p == 0 for i, p, _ in prim.kept) or (
-            type(ans) is _ndarray and (ans.base is not None or ans is x.value)):
-        _lock_argument(recording, x)
 
 def release(recording):
     """Give back the arrays `recording` locked: each becomes writeable when no other recording holds it, its views with it
@@ -748,8 +732,9 @@ def release_when_dropped(owner, recording):
 
 # %% ../nbs/03b_engine.ipynb #181cf548
 def _lock_declared(recording, prim, args, kwargs):
-    """Lock what `prim`'s recorded chains read, as it declares (`Primitive.kept`, no walk): for each input traced on
-    `recording` (a constant's chain never runs), the user's arrays its chain reads, and the arguments it reads."""
+    """Lock the user's arrays that `prim`'s recorded chains read, as it declares (`Primitive.kept`, no walk): for each
+    input traced on `recording` (a constant's chain never runs), the arrays its chain reads. (Arguments, traced, are
+    locked already: `lock_arguments`.)"""
     n = len(args)
     for i, p, key in prim.kept:
         a = args[i] if i < n else None
@@ -757,11 +742,9 @@ def _lock_declared(recording, prim, args, kwargs):
         b = args[p] if p is not None and p < n else kwargs.get(key)
         kind = type(b)
         if kind is _ndarray: lock(recording, b, prim.name)
-        elif kind is Traced: _lock_argument(recording, b)
         elif kind is tuple or kind is list:           # x[i, j]: a tuple of index arrays
             for c in b:
                 if type(c) is _ndarray: lock(recording, c, prim.name)
-
 
 def _lock_kept(recording, name, kwargs, chains):
     "Lock the arrays among keyword arguments (`index=` of `x[idx]`, a tuple of them, `weights=`) that a chain keeps."

@@ -292,6 +292,7 @@ def cos_vwc(x):
     if type(x) is float and math.isfinite(x): return math.cos(x), lambda g: -g * math.sin(x)
     return np.cos(x), lambda g: -g * np.sin(x)
 
+# %% ../nbs/03a_primitives.ipynb #6a14b95b
 @defvwc(np.tan, unary=True)
 def tan_vwc(x):
     "tan(x): g (1 + tan²x), from the result."

@@ -91,7 +91,7 @@ def _cast_like(c, value):
 def value_with_pullback(f, *args, argnums=None):
     """`(f(*args), pullback)`. `pullback(v)` maps a cotangent `v` shaped like the result to the cotangents of
     `args` (a tuple when there are several; only those `argnums` picks). It can be called many times. While it
-    lives, the arrays it reads are read-only: the arguments and the user's arrays that its chains keep (given back
+    lives, the arrays it reads are read-only: the arguments, and the user's arrays that its chains keep (given back
     writeable when it is dropped and no other pullback reads them). The value's arrays are read-only views of the
     tape's own, and stay so: copy one (`value.copy()`) to write into it."""
     f, args, shaped = _differentiated('value_with_pullback', f, args, argnums)
@@ -122,13 +122,13 @@ def _recorded(f, args, once, depth):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
     trace = Recording()
     trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
-    engine.note_arguments(trace, primals)             # and the arguments, once a chain reads one (`np.sin(x)` reads x)
+    engine.lock_arguments(trace, primals)             # and the arguments: `np.sin(x)`'s chain reads x
     recorded = False
     try:
         out = f(*rebuild([trace.new_input(p) for p in primals]))
         recorded = True
     except ValueError as e:                           # a write into an array the backward pass reads
-        if 'read-only' not in str(e) or not (trace.locks or trace.stopped or engine._locked): raise   # else your own
+        if 'read-only' not in str(e) or not (trace.locks or trace.stopped): raise
         raise engine.saved_array_written(trace, e) from e
     finally:
         trace.active = False
