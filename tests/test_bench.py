@@ -75,3 +75,16 @@ def test_the_optimizer_comparison_trains_each_optimizer_from_the_same_start():
     for make in optimizers.OPTIMIZERS.values():
         acc, loss = optimizers.train(make, small, steps=20)
         assert acc > untrained and np.isfinite(loss)         # each one learned something from the same start
+
+def test_opcodes_counts_the_python_a_step_runs():
+    "bench.opcodes: a fixed count per function, more for more work, nothing left traced after."
+    import sys
+    from bench.opcodes import count
+    def step(n):
+        total = 0
+        for i in range(n): total += i
+        return total
+    few, many = count(lambda: step(10)), count(lambda: step(100))
+    key = next(k for k in few if k[1] == 'step')
+    assert many[key] > few[key] > 0 and count(lambda: step(10))[key] == few[key]
+    assert sys.gettrace() is None
