@@ -701,7 +701,6 @@ def argument_roots(recording):
         recording.argument_roots = roots
     return recording.argument_roots
 
-
 def release(recording):
     """Give back the arrays `recording` locked: each becomes writeable when no other recording holds it, its views with it
     (owner first: a view's flag can be set only while its owner's is). Safe to call twice."""
