@@ -157,14 +157,18 @@ def probe(module, workers, entries):
         gflops = w.ask(cmd='probe')['gflops']
         entries[name].gflops = gflops if entries[name].gflops is None else max(entries[name].gflops, gflops)
 
-def restart_workers(workload, workers, size, env, entries):
+def restart_workers(workload, workers, size, env, entries, tmp):
     """A fresh process for every contender still running. One process can be a few per cent faster or slower than
     another running the same code (where its memory landed), which would bias a comparison timed in one process
-    each; the timed rounds are shared among several generations of processes, so that bias averages out."""
+    each; the timed rounds are shared among several generations of processes, so that bias averages out. Each new
+    process makes its first calls (the check's, into `tmp`) before it is timed, as the first generation does: else
+    a jit compiled in its first timed call sets how many calls it is asked for per round, and JAX's CNN step ran
+    at half speed (680 against 300 µs per call) in every generation after the first."""
     fresh = {}
     for name in workers:
         try:
             fresh[name] = Worker(workload, name, size, env)
+            fresh[name].ask(cmd='check', dir=tmp)
             entries[name].processes += 1
         except WorkerDied as e: entries[name].status, entries[name].reason = 'failed', str(e)
     return fresh
@@ -197,7 +201,7 @@ def run_workload(workload, args, env, tmp, out):
             for g in range(generations):              # fresh processes for each share of the rounds: see below
                 if g:
                     for w in workers.values(): w.close()
-                    workers = restart_workers(workload, workers, size, env, entries)
+                    workers = restart_workers(workload, workers, size, env, entries, tmp)
                     probe(module, workers, entries)
                 share = rounds // generations + (g < rounds % generations)
                 time_rounds(module, workers, entries, share, 0 if args.quick else getattr(module, 'GAP', 0.1),

@@ -88,3 +88,15 @@ def test_opcodes_counts_the_python_a_step_runs():
     key = next(k for k in few if k[1] == 'step')
     assert many[key] > few[key] > 0 and count(lambda: step(10))[key] == few[key]
     assert sys.gettrace() is None
+
+def test_a_restarted_process_makes_its_first_calls_before_it_is_timed(monkeypatch, tmp_path):
+    "A later generation is warmed up as the first is (by the check): a jit compiled in a timed call skewed JAX's rounds."
+    from bench import run
+    asked = []
+    class Fake:
+        def __init__(self, workload, name, size, env): self.name = name
+        def ask(self, **command): asked.append((self.name, command['cmd'])); return {}
+    monkeypatch.setattr(run, 'Worker', Fake)
+    entries = {n: run.Entry(n) for n in ('fastad', 'jax')}
+    fresh = run.restart_workers('cnn', dict.fromkeys(entries), {}, {}, entries, str(tmp_path))
+    assert sorted(fresh) == ['fastad', 'jax'] and asked == [('fastad', 'check'), ('jax', 'check')]
