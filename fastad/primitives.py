@@ -671,7 +671,7 @@ def scatter_add_vwc(g, *, index, like):
     # cannot take it; calling the primitive on it instead makes that outer level record a scatter_add of its own.
     if hasattr(type(g), '__fastad_primitive__'): return scatter_add(g, index=index, like=like), chain
     out = np.zeros_like(like, dtype=np.result_type(g))
-    np.add.at(out, index, g)
+    array_module(out).add.at(out, index, g)           # the backend's own: CuPy's arrays refuse NumPy's ufunc.at
     return out, chain
 
 scatter_add = scatter_add_vwc.primitive

@@ -102,9 +102,9 @@ class StrictArray(NDArrayOperatorsMixin):
 def __array_ufunc__(self: StrictArray, ufunc, method, *inputs, **kwargs):
     out = kwargs.get('out', ())
     if _foreign(inputs) or _foreign(out): return NotImplemented
+    if method == 'at': return NotImplemented        # as CuPy's arrays: call the backend's own `strict.add.at`
     what = f"numpy.{ufunc.__name__}"
     result = getattr(ufunc, method)(*_unwrap(inputs, what), **{k: _unwrap(v, what) for k, v in kwargs.items()})
-    if method == 'at': return None                  # in place, into the unwrapped buffer
     if out: return out[0] if len(out) == 1 else out  # NumPy wrote into our arrays' buffers
     return _wrap(result)
 
@@ -187,6 +187,7 @@ def _creator(name):
 zeros, ones, empty, full, arange, linspace, eye, identity = map(_creator, (
     'zeros', 'ones', 'empty', 'full', 'arange', 'linspace', 'eye', 'identity'))
 
+# %% ../nbs/90a_strict.ipynb #5d692bab
 class _Generator:
     "A seedable random generator whose draws are StrictArrays (as `cupy.random.Generator`)."
     def __init__(self, seed=None): self._g = np.random.default_rng(seed)
@@ -205,4 +206,7 @@ def __getattr__(name):
         what = f"strict.{name}"
         return _wrap(f(*_unwrap(args, what), **{k: _unwrap(v, what) for k, v in kwargs.items()}))
     wrapped.__name__ = name
+    if isinstance(f, np.ufunc):                       # `strict.add.at(a, index, b)`, in place, as `cupy.add.at`
+        at = f"strict.{name}.at"
+        wrapped.at = lambda a, index, *b: f.at(_unwrap(a, at), _unwrap(index, at), *_unwrap(b, at))
     return wrapped

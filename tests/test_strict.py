@@ -44,7 +44,8 @@ def test_methods_indexing_and_ufunc_methods():
     same(np.add.reduce(s, axis=2), np.add.reduce(a, axis=2)); same(np.multiply.outer(s[0, 0], s[1, 1]), np.multiply.outer(a[0, 0], a[1, 1]))
     same(s @ s.swapaxes(1, 2), a @ a.swapaxes(1, 2)); same(np.concatenate([s, s], 1), np.concatenate([a, a], 1))
     same(np.where(s > 5, s, 0.), np.where(a > 5, a, 0.)); same(strict.einsum('ijk->k', s), np.einsum('ijk->k', a))
-    t = strict.zeros(3); np.add.at(t, strict.asarray([0, 2, 2]), 1.); same(t, [1., 0, 2])
+    t = strict.zeros(3); strict.add.at(t, strict.asarray([0, 2, 2]), 1.); same(t, [1., 0, 2])   # as cupy.add.at
+    with pytest.raises(TypeError): np.add.at(t, [0], 1.)                # NumPy's own is refused, as CuPy's arrays refuse it
     t[1] = 5.; same(t, [1., 5, 2])
     assert [r.shape for r in s] == [(3, 4), (3, 4)] and len(s) == 2 and s.dtype == np.float64
 
