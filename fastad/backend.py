@@ -153,13 +153,14 @@ def arange(*args, dtype=None):
 
 def asarray(x, dtype=None):
     "`x` as an array of numbers of the active module (host data is copied to the device)."
-    if array_module(x) is not xp(): x = to_host(x)
-    try: a = xp().asarray(x, dtype=dtype)
+    module = xp()
+    if array_module(x) is not module: x = to_host(x)
+    try: a = np.asarray(x, dtype=dtype) if array_module(x) is np else x    # host data: made and checked here first
     except (ValueError, TypeError) as e:
         raise ArgumentError(f"to_device: cannot make an array of numbers from {type(x).__name__} ({e})") from None
     if a.dtype.kind not in 'biufc':
         raise ArgumentError(f"to_device: x holds {a.dtype} values, not numbers; arrays on a device hold numbers")
-    return a
+    return a if module is np else module.asarray(a, dtype=dtype)
 
 to_device = asarray
 

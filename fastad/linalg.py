@@ -20,6 +20,10 @@ EighResult, SVDResult, QRResult, SlogdetResult = (type(f(np.eye(1))) for f in (n
 
 def _T(x): return np.swapaxes(x, -1, -2)
 
+def _only_if(**options):
+    "The options given other than their defaults (None, False), as keywords: CuPy's linalg takes no `hermitian`, nor `rcond=None`."
+    return {k: v for k, v in options.items() if v is not None and v is not False}
+
 def _eye(x, dtype=None):
     "The identity matrix as wide as the last axis of `x`, in x's array module (and dtype)."
     return _module_under(x).eye(np.shape(x)[-1], dtype=dtype or np.result_type(x))
@@ -156,7 +160,7 @@ def _svd_chain(name, u, s, vh, gu, gs, gvh):
 
 def svd_vwc(a, *, full_matrices=True, hermitian=False):
     "(U, s, Vh) with A = U diag(s) Vh; with full_matrices, U's or Vh's extra rows and columns (any basis would do) must get no cotangent."
-    u, s, vh = np.linalg.svd(a, full_matrices=full_matrices, hermitian=hermitian)
+    u, s, vh = np.linalg.svd(a, full_matrices=full_matrices, **_only_if(hermitian=hermitian))
     m, n = np.shape(a)[-2:]
     k = min(m, n)
     def chain(gs):
@@ -173,7 +177,7 @@ def svd_vwc(a, *, full_matrices=True, hermitian=False):
 @defvwc(name='svdvals', unary=True)
 def svdvals_vwc(a, *, hermitian=False):
     "The singular values; the slope of s_i is u_i v_iᵀ."
-    u, s, vh = np.linalg.svd(a, full_matrices=False, hermitian=hermitian)
+    u, s, vh = np.linalg.svd(a, full_matrices=False, **_only_if(hermitian=hermitian))
     def chain(g):
         ga = (u * g[..., None, :]) @ vh
         return _from_lower(ga) if hermitian else ga
@@ -204,7 +208,7 @@ def qr_vwc(a, *, mode='reduced'):
 @defvwc(name='pinv', unary=True)
 def pinv_vwc(a, *, rcond=None, **kw):
     "A⁺; its slope holds where the rank does not change (across a change of rank A⁺ jumps)."
-    p = np.linalg.pinv(a, rcond, **kw)
+    p = np.linalg.pinv(a, **_only_if(rcond=rcond), **kw)
     def chain(g):
         gt = _T(g)
         return (-_T(p) @ g @ _T(p) + (gt - a @ (p @ gt)) @ (p @ _T(p)) + (_T(p) @ p) @ (gt - (gt @ p) @ a))
