@@ -125,6 +125,7 @@ def test_synchronize_waits_only_once_cupy_is_in_use(monkeypatch):
     fake.cuda = type(sys)('cupy.cuda')
     fake.cuda.get_current_stream = lambda: type('Stream', (), {'synchronize': lambda self: waited.append(1)})()
     monkeypatch.setitem(sys.modules, 'cupy', fake)
+    monkeypatch.setattr(B, '_cupy_loaded', False)         # as in a process that never chose CuPy (on a GPU, conftest has)
     B.synchronize(); assert waited == []                  # CuPy imported but never used as a backend: nothing to wait for
     monkeypatch.setattr(B, '_cupy_loaded', True)
     B.synchronize(); assert waited == [1]                 # used once: arrays may be on the GPU, whatever is active now
