@@ -157,6 +157,7 @@ def write_markdown(results, path):
         f"per library; Python {m['python']}, NumPy {m['numpy']}, BLAS {m['blas']}.", '']
     tail = ['']
     for i, n in enumerate(notes): tail.append(f"<sup>{i + 1}</sup> {n}  ")
+    tail += gpu_section(path.parent / 'results_gpu.md')
     if 'checkpointing' in results['workloads']:
         tail += ['', '## Checkpointing against no checkpoints, per library', '',
                  '| library | plan | held | peak | step time |', '|---|---|---|---|---|']
@@ -170,6 +171,27 @@ def write_markdown(results, path):
             checks = '; '.join(f"{c}: {v}" for c, v in e['check'].items())
             tail.append(f"| {name} | {n} | {e['version']} | {fmt(e['gflops'])} | {', '.join(e['pools']) or '—'} | {checks} |")
     path.write_text('\n'.join(head + lines + tail) + '\n')
+
+GPU_HEADING = '## On a GPU'
+
+def gpu_section(gpu_results):
+    "The lines of results.md's GPU section: the table `python -m bench.gpu` wrote, or why there is none."
+    body = (gpu_results.read_text().strip() if gpu_results.exists() else
+            "Not measured: `python -m bench.gpu` has not run on a machine with a GPU.")
+    return ['', GPU_HEADING, '', body]
+
+def refresh_gpu_section(results_md, gpu_results):
+    "Put the GPU table into an existing results.md, in place of its GPU section, leaving the CPU figures as they are."
+    if not results_md.exists(): return
+    lines = results_md.read_text().rstrip('\n').split('\n')
+    if GPU_HEADING in lines:
+        start = lines.index(GPU_HEADING) - 1
+        end = next((i for i in range(start + 2, len(lines)) if lines[i].startswith('## ')), len(lines))
+        lines[start:end] = gpu_section(gpu_results) + ['']
+    else:
+        end = next((i for i, l in enumerate(lines) if l.startswith('## ')), len(lines))
+        lines[end:end] = gpu_section(gpu_results)[1:] + ['']
+    results_md.write_text('\n'.join(lines) + '\n')
 
 def write_chart(results, path):
     "Horizontal bars: fastad / peer for every row and peer, on a log axis with 1 marked."
