@@ -184,14 +184,14 @@ def refresh_gpu_section(results_md, gpu_results):
     "Put the GPU table into an existing results.md, in place of its GPU section, leaving the CPU figures as they are."
     if not results_md.exists(): return
     lines = results_md.read_text().rstrip('\n').split('\n')
-    if GPU_HEADING in lines:
-        start = lines.index(GPU_HEADING) - 1
-        end = next((i for i in range(start + 2, len(lines)) if lines[i].startswith('## ')), len(lines))
-        lines[start:end] = gpu_section(gpu_results) + ['']
-    else:
-        end = next((i for i, l in enumerate(lines) if l.startswith('## ')), len(lines))
-        lines[end:end] = gpu_section(gpu_results)[1:] + ['']
-    results_md.write_text('\n'.join(lines) + '\n')
+    if GPU_HEADING in lines:                          # from the heading up to the next section, or the end
+        start = lines.index(GPU_HEADING)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith('## ')), len(lines))
+    else:                                             # a new section, before the first one there is
+        start = end = next((i for i, l in enumerate(lines) if l.startswith('## ')), len(lines))
+    before, after = lines[:start], lines[end:]
+    while before and before[-1] == '': before.pop()   # one blank line on each side, however many there were
+    results_md.write_text('\n'.join(before + gpu_section(gpu_results) + ([''] + after if after else [])) + '\n')
 
 def write_chart(results, path):
     "Horizontal bars: fastad / peer for every row and peer, on a log axis with 1 marked."

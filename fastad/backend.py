@@ -155,12 +155,14 @@ def asarray(x, dtype=None):
     "`x` as an array of numbers of the active module (host data is copied to the device)."
     module = xp()
     if array_module(x) is not module: x = to_host(x)
-    try: a = np.asarray(x, dtype=dtype) if array_module(x) is np else x    # host data: made and checked here first
+    try:
+        a = np.asarray(x, dtype=dtype) if array_module(x) is np else x      # host data: made (and checked) here first
+        if module is not np and a.dtype.kind in 'biufc': a = module.asarray(a, dtype=dtype)
     except (ValueError, TypeError) as e:
         raise ArgumentError(f"to_device: cannot make an array of numbers from {type(x).__name__} ({e})") from None
     if a.dtype.kind not in 'biufc':
         raise ArgumentError(f"to_device: x holds {a.dtype} values, not numbers; arrays on a device hold numbers")
-    return a if module is np else module.asarray(a, dtype=dtype)
+    return a
 
 to_device = asarray
 

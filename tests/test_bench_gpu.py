@@ -61,3 +61,26 @@ def test_without_a_gpu_it_says_so_and_measures_nothing(tmp_path):
     out = subprocess.run([sys.executable, '-m', 'bench.gpu', '--out', str(tmp_path / 'gpu.md')], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and 'CuPy cannot use a GPU here' in out.stderr and not (tmp_path / 'gpu.md').exists()
+
+def test_rounds_time_each_step_per_call_and_the_ratio_is_fastad_over_the_other(monkeypatch):
+    "On a clock that only the steps move, a step three times as slow shows 3x in its figure and in the ratio."
+    clock, synced = [0.0], []
+    monkeypatch.setattr(gpu.time, 'perf_counter', lambda: clock[0])
+    def fastad(): clock[0] += 0.003
+    def other(): clock[0] += 0.001
+    rows = gpu.measure('fake', {'fastad': lambda: (fastad(), (1.0, [np.ones(2)]))[1],
+                                'hand-written CuPy': lambda: (other(), (1.0, [np.ones(2)]))[1]},
+                       lambda: synced.append(1), rounds=4)
+    by_name = {name: (t, ratio) for _, name, t, ratio, _ in rows}
+    assert by_name['fastad'][0] == pytest.approx(0.003) and by_name['hand-written CuPy'][0] == pytest.approx(0.001)
+    assert by_name['hand-written CuPy'][1] == pytest.approx(3.0)
+    assert len(synced) >= 2 * 4 * 2                          # each batch starts and ends with a synchronisation
+
+@pytest.mark.parametrize('text', ['# results\n\n| cpu |\nfootnote\n## On a GPU\nold\n', '# results\n\n| cpu |\nlast line\n'])
+def test_refreshing_keeps_every_other_line_however_the_file_is_spaced(tmp_path, text):
+    results, table = tmp_path / 'results.md', tmp_path / 'results_gpu.md'
+    results.write_text(text); table.write_text('| gpu |\n')
+    refresh_gpu_section(results, table); once = results.read_text()
+    refresh_gpu_section(results, table)
+    assert results.read_text() == once and once.endswith('| gpu |\n') and 'old' not in once
+    assert ('footnote' in once) == ('footnote' in text) and ('last line' in once) == ('last line' in text)

@@ -11,21 +11,22 @@ PYTHON=${PYTHON:-.venv/bin/python}
 LOGS=${LOGS:-gpu_logs}; WORKERS=${WORKERS:-4}
 mkdir -p "$LOGS"
 bin=$("$PYTHON" -c 'import sys, os; print(os.path.dirname(sys.executable))')
-export MPLBACKEND=Agg PYTHONUNBUFFERED=1 FASTAD_DATA=${FASTAD_DATA:-$(mktemp -d)}
+export MPLBACKEND=Agg PYTHONUNBUFFERED=1
 
-"$PYTHON" -c "import fastad.backend as B; B.set_backend('cupy'); print('CuPy runs on', B.xp().cuda.runtime.getDeviceProperties(0)['name'])" \
+"$PYTHON" -c "import fastad.backend as B; B.set_backend('cupy'); print('CuPy runs on', B.xp().cuda.runtime.getDeviceProperties(0)['name'].decode())" \
   || { echo "gpu_check: the cupy backend cannot run here"; exit 1; }
 
 echo "== 1. python -m bench.gpu"
-timeout 240 "$PYTHON" -m bench.gpu --rounds "${ROUNDS:-20}" >"$LOGS/bench_gpu.log" 2>&1; bench=$?
+timeout -k 30 240 "$PYTHON" -m bench.gpu --rounds "${ROUNDS:-20}" >"$LOGS/bench_gpu.log" 2>&1; bench=$?
 tail -n 20 "$LOGS/bench_gpu.log"
 
 echo "== 2 and 3. the tests on CuPy; the lessons on CuPy"
 backend_tests=$(grep -l any_backend tests/test_*.py)
 xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n $WORKERS")
-timeout 420 "$PYTHON" -m pytest -q -p no:cacheprovider $xdist -k cupy $backend_tests >"$LOGS/pytest_cupy.log" 2>&1 &
+timeout -k 30 420 "$PYTHON" -m pytest -q -p no:cacheprovider $xdist -k cupy $backend_tests >"$LOGS/pytest_cupy.log" 2>&1 &
 tests_pid=$!
-FASTAD_BACKEND=cupy timeout 420 "$bin/nbdev_test" --flags gpu --n_workers "$WORKERS" >"$LOGS/lessons_cupy.log" 2>&1; lessons=$?
+trap 'kill $tests_pid 2>/dev/null' EXIT INT TERM        # interrupted: the tests in the background stop too
+FASTAD_BACKEND=cupy timeout -k 30 420 "$bin/nbdev_test" --flags gpu --n_workers "$WORKERS" >"$LOGS/lessons_cupy.log" 2>&1; lessons=$?
 wait $tests_pid; tests=$?
 
 echo "-- pytest on CuPy (exit $tests):"; tail -n 25 "$LOGS/pytest_cupy.log"
