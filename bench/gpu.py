@@ -2,27 +2,19 @@
 PyTorch CUDA eager. `python -m bench.gpu` checks every contender's first result against the hand-written one, times
 them in interleaved rounds in one process (each batch of calls closed by a device synchronisation), prints the table and
 writes it to bench/results_gpu.md, which `bench/results.md` shows under "On a GPU"."""
-import argparse, datetime, math, statistics, sys, time
+import argparse, datetime, statistics, sys, time
 from pathlib import Path
 import numpy as np
-from .workloads import mlp
+from .workloads import cnn, mlp
 
 HERE = Path(__file__).resolve().parent
-CLASSES, POOL = 10, 2
+CLASSES, POOL = cnn.CLASSES, cnn.P
 CNNS = {'tiny CNN': dict(n=10, h=16, c=3, k=5, f=6),          # workload 3's step, as on the CPU
         'CNN, batch 256': dict(n=256, h=32, c=3, k=5, f=32)}  # enough work for a GPU to show
 
 def cnn_data(n, h, c, k, f):
-    "A CNN step's batch, labels and parameters (conv filter, bias, dense weight, bias), on the host."
-    rng = np.random.default_rng(0)
-    flat = ((h - k + 1) // POOL) ** 2 * f
-    x = rng.standard_normal((n, h, h, c), dtype=np.float32)
-    labels = rng.integers(0, CLASSES, n)
-    params = [rng.standard_normal((k, k, c, f), dtype=np.float32) * np.float32(math.sqrt(2 / (k * k * c))),
-              np.zeros(f, np.float32),
-              rng.standard_normal((flat, CLASSES), dtype=np.float32) * np.float32(math.sqrt(1 / flat)),
-              np.zeros(CLASSES, np.float32)]
-    return x, labels, params
+    "A CNN step's batch, labels and parameters (conv filter, bias, dense weight, bias), on the host: workload 3's, resized."
+    return cnn.data(n, h, c, k, f)
 
 def host(loss, grads):
     "(float, [NumPy arrays]) from CuPy or PyTorch values."
@@ -38,19 +30,10 @@ def mlp_fastad(cp):
     return lambda: fd.value_with_gradient(lambda p: mlp.loss_numpy(p, x, y), params)
 
 def mlp_hand(cp):
-    "Lesson 02's manual backward in CuPy: the parameters' gradients only."
+    "Lesson 02's manual backward in CuPy: the parameters' gradients only (the CPU suite's hand-written step)."
     x, y, params = mlp.data(rows=60_000)
-    x, y, (w1, b1, w2, b2) = cp.asarray(x), cp.asarray(y), [cp.asarray(p) for p in params]
-    def step():
-        l1 = x @ w1 + b1
-        mask = l1 > 0
-        l2 = l1 * mask
-        diff = (l2 @ w2 + b2)[:, 0] - y
-        loss = (diff * diff).mean()
-        g_out = (2 / len(y)) * diff[:, None]
-        g_l1 = (g_out @ w2.T) * mask
-        return loss, (x.T @ g_l1, g_l1.sum(0), l2.T @ g_out, g_out.sum(0))
-    return step
+    x, y, params = cp.asarray(x), cp.asarray(y), [cp.asarray(p) for p in params]
+    return lambda: mlp.manual_step(x, y, *params)
 
 def mlp_torch(torch):
     x, y, params = mlp.data(rows=60_000)

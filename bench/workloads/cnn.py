@@ -15,14 +15,15 @@ FLAT = HP * HP * F                  # 216
 
 def sizes(quick): return {}
 
-def data():
-    "The same batch, labels and parameters in every process."
+def data(n=N, h=H, c=C, k=K, f=F):
+    "The same batch, labels and parameters in every process (this workload's geometry unless told another)."
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, H, H, C), dtype=np.float32)
-    labels = rng.integers(0, CLASSES, N)
-    params = [rng.standard_normal((K, K, C, F), dtype=np.float32) * np.float32(np.sqrt(2 / (K * K * C))),
-              np.zeros(F, np.float32),
-              rng.standard_normal((FLAT, CLASSES), dtype=np.float32) * np.float32(np.sqrt(1 / FLAT)),
+    flat = ((h - k + 1) // P) ** 2 * f
+    x = rng.standard_normal((n, h, h, c), dtype=np.float32)
+    labels = rng.integers(0, CLASSES, n)
+    params = [rng.standard_normal((k, k, c, f), dtype=np.float32) * np.float32(np.sqrt(2 / (k * k * c))),
+              np.zeros(f, np.float32),
+              rng.standard_normal((flat, CLASSES), dtype=np.float32) * np.float32(np.sqrt(1 / flat)),
               np.zeros(CLASSES, np.float32)]
     return x, labels, params
 
