@@ -35,17 +35,7 @@ def mlp_hand(cp):
     x, y, params = cp.asarray(x), cp.asarray(y), [cp.asarray(p) for p in params]
     return lambda: mlp.manual_step(x, y, *params)
 
-def mlp_torch(torch):
-    x, y, params = mlp.data(rows=60_000)
-    tx, ty = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
-    ps = [torch.from_numpy(p.copy()).cuda().requires_grad_() for p in params]
-    def step():
-        w1, b1, w2, b2 = ps
-        for p in ps: p.grad = None
-        loss = (((torch.relu(tx @ w1 + b1) @ w2 + b2).squeeze(-1) - ty) ** 2).mean()
-        loss.backward()
-        return loss.detach(), [p.grad for p in ps]
-    return step
+def mlp_torch(torch, device='cuda'): return mlp.torch_step(torch, *mlp.data(rows=60_000), device=device)
 
 # --- a CNN step (workload 3's network at two sizes) ---
 
@@ -86,23 +76,7 @@ def cnn_hand(cp, n, h, c, k, f):
         return loss, ((cols.T @ g_conv).reshape(k, k, c, f), g_conv.sum(0), flat_.T @ g_logits, g_logits.sum(0))
     return step
 
-def cnn_torch(torch, n, h, c, k, f):
-    F_ = torch.nn.functional
-    x, labels, params = cnn_data(n, h, c, k, f)
-    flat = ((h - k + 1) // POOL) ** 2 * f
-    tx = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).cuda()                       # NCHW, PyTorch's layout
-    tl = torch.from_numpy(labels).cuda()
-    wc = torch.from_numpy(params[0].transpose(3, 2, 0, 1).copy()).cuda().requires_grad_()
-    bc, wd, bd = [torch.from_numpy(p.copy()).cuda().requires_grad_() for p in params[1:]]
-    ps = [wc, bc, wd, bd]
-    def step():
-        for p in ps: p.grad = None
-        pooled = F_.max_pool2d(F_.conv2d(tx, wc, bc), POOL)
-        logits = pooled.permute(0, 2, 3, 1).reshape(n, flat) @ wd + bd      # flattened in NHWC order, as the others
-        loss = F_.cross_entropy(logits, tl)
-        loss.backward()
-        return loss.detach(), (wc.grad.permute(2, 3, 1, 0), bc.grad, wd.grad, bd.grad)
-    return step
+def cnn_torch(torch, n, h, c, k, f, device='cuda'): return cnn.torch_step(torch, *cnn_data(n, h, c, k, f), device=device)
 
 # --- checking and timing ---
 

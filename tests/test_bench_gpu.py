@@ -84,3 +84,10 @@ def test_refreshing_keeps_every_other_line_however_the_file_is_spaced(tmp_path, 
     refresh_gpu_section(results, table)
     assert results.read_text() == once and once.endswith('| gpu |\n') and 'old' not in once
     assert ('footnote' in once) == ('footnote' in text) and ('last line' in once) == ('last line' in text)
+
+@pytest.mark.parametrize('size', list(gpu.CNNS))
+def test_pytorchs_steps_agree_where_it_runs_here(size):
+    "The PyTorch steps the GPU benchmark times (on the CPU here): the same loss and gradients as the hand-written ones."
+    torch = pytest.importorskip('torch')
+    assert gpu.max_error(gpu.cnn_torch(torch, **gpu.CNNS[size], device='cpu')(), gpu.cnn_hand(np, **gpu.CNNS[size])()) < 1e-4
+    if size == 'tiny CNN': assert gpu.max_error(gpu.mlp_torch(torch, device='cpu')(), gpu.mlp_hand(np)()) < 1e-4

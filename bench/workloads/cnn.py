@@ -104,23 +104,28 @@ def hand_numpy(size):
         return as_numpy(loss, ((cols.T @ g_conv).reshape(K, K, C, F), g_conv.sum(0), flat.T @ g_logits, g_logits.sum(0)))
     return Contender(np.__version__, {'step': step}, numpy_gemm())
 
-def torch_eager(size):
-    torch = import_torch()
+def torch_step(torch, x, labels, params, device='cpu'):
+    "PyTorch's eager step on `device` (the GPU benchmark's too), NCHW: the loss and the parameters' gradients, as tensors."
     F_ = torch.nn.functional
-    x, labels, params = data()
-    tx = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())             # NCHW, PyTorch's layout
-    tl = torch.from_numpy(labels)
-    wc = torch.from_numpy(params[0].transpose(3, 2, 0, 1).copy()).requires_grad_()   # (out, in, kh, kw)
-    bc, wd, bd = [torch.from_numpy(p.copy()).requires_grad_() for p in params[1:]]
+    n, flat = len(x), params[2].shape[0]
+    tx = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)          # NCHW, PyTorch's layout
+    tl = torch.from_numpy(labels).to(device)
+    wc = torch.from_numpy(params[0].transpose(3, 2, 0, 1).copy()).to(device).requires_grad_()   # (out, in, kh, kw)
+    bc, wd, bd = [torch.from_numpy(p.copy()).to(device).requires_grad_() for p in params[1:]]
     ps = [wc, bc, wd, bd]
     def step():
         for p in ps: p.grad = None
         pooled = F_.max_pool2d(F_.conv2d(tx, wc, bc), P)
-        logits = pooled.permute(0, 2, 3, 1).reshape(N, FLAT) @ wd + bd     # flatten in NHWC order, as the others
+        logits = pooled.permute(0, 2, 3, 1).reshape(n, flat) @ wd + bd     # flatten in NHWC order, as the others
         loss = F_.cross_entropy(logits, tl)
         loss.backward()
-        return as_numpy(loss.detach(), (wc.grad.permute(2, 3, 1, 0), bc.grad, wd.grad, bd.grad))
-    return Contender(torch.__version__, {'step': step}, torch_gemm(torch))
+        return loss.detach(), (wc.grad.permute(2, 3, 1, 0), bc.grad, wd.grad, bd.grad)
+    return step
+
+def torch_eager(size):
+    torch = import_torch()
+    step = torch_step(torch, *data())
+    return Contender(torch.__version__, {'step': lambda: as_numpy(*step())}, torch_gemm(torch))
 
 def jax_jit(size):
     jax, jnp = import_jax()

@@ -59,18 +59,22 @@ def gemms_only(size):
         x @ w1; l2 @ w2; x.T @ g_l1; l2.T @ g_out; g_out @ w2.T
     return Contender(np.__version__, {'step': step}, numpy_gemm())
 
-def torch_eager(size):
-    torch = import_torch()
-    x, y, params = data(**size)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-    ps = [torch.from_numpy(p.copy()).requires_grad_() for p in params]
+def torch_step(torch, x, y, params, device='cpu'):
+    "PyTorch's eager step on `device` (the GPU benchmark's too): the loss and the parameters' gradients, as tensors."
+    tx, ty = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    ps = [torch.from_numpy(p.copy()).to(device).requires_grad_() for p in params]
     def step():
         w1, b1, w2, b2 = ps
         for p in ps: p.grad = None
         loss = (((torch.relu(tx @ w1 + b1) @ w2 + b2).squeeze(-1) - ty) ** 2).mean()
         loss.backward()
-        return as_numpy(loss.detach(), [p.grad for p in ps])
-    return Contender(torch.__version__, {'step': step}, torch_gemm(torch))
+        return loss.detach(), [p.grad for p in ps]
+    return step
+
+def torch_eager(size):
+    torch = import_torch()
+    step = torch_step(torch, *data(**size))
+    return Contender(torch.__version__, {'step': lambda: as_numpy(*step())}, torch_gemm(torch))
 
 def jax_jit(size):
     jax, jnp = import_jax()
