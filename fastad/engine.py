@@ -682,10 +682,9 @@ def lock_arguments(recording, arrays):
         for a in arrays:
             if type(a) is not _ndarray: continue
             key = id(a)
-            if key in locks: continue                 # the same array passed twice: once
             if a.base is None and key not in _locked and a.flags.writeable:   # the usual case, in a line (see `lock`)
                 a.setflags(write=False); _locked[key] = [a, 1, None]; locks[key] = (a, ARGUMENT)
-            else: _lock_held(locks, a, ARGUMENT)
+            elif key not in locks: _lock_held(locks, a, ARGUMENT)   # (one passed twice is in `locks` already: once)
     recording.arguments = arrays
 
 def argument_roots(recording):
@@ -707,11 +706,11 @@ def release(recording):
     locks, recording.locks = recording.locks, None
     if not locks: return
     with _locked_lock:
-        for arr, _ in locks.values():
-            entry = _locked.get(id(arr))
+        for key, (arr, _) in locks.items():          # each keyed by its array's id, as in `_locked`
+            entry = _locked.get(key)
             if entry is None or entry[0] is not arr: continue    # a view, or the user's read-only array
             if entry[1] > 1: entry[1] -= 1; continue  # another recording still reads it
-            del _locked[id(arr)]
+            del _locked[key]
             arr.setflags(write=True)
             if entry[2] is None: continue             # no view of it was flagged
             for ref in list(entry[2].values()):
