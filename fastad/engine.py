@@ -840,17 +840,17 @@ Traced.__imatmul__ = _in_place('@=', Traced.__matmul__)
 # %% ../nbs/03b_engine.ipynb #e8ba8422
 _collector_lock = threading.Lock()
 _collector_users, _collector_set = 0, None     # tapes in use; the thresholds found and the ones set for them
-_YOUNG_WHILE_RECORDING, _MIDDLE_PAUSED, _FULL_PAUSED = 20_000, 1 << 30, 1 << 30   # measured: bench scalar, tapes
+_YOUNG_WHILE_RECORDING, _MIDDLE_WHILE_RECORDING, _FULL_PAUSED = 20_000, 100, 1 << 30   # measured: bench scalar, tapes
 
 def _set_tapes(before, after):
-    """Move the count of tapes in use from `before` to `after`: the first spaces young collections out and pauses the
-    others, the last restores the thresholds it found (restore first, then count). Running it twice does no more than once."""
+    """Move the count of tapes in use from `before` to `after`: the first spaces young collections out and pauses full
+    ones, the last restores the thresholds it found (restore first, then count). Running it twice does no more than once."""
     global _collector_users, _collector_set
     if before and after: _collector_users = after; return     # a tape inside another (a gradient's pullback): no change
     if after:                                                 # the first tape
         if _collector_set is None:
             found = gc.get_threshold()                        # a 0 (automatic collection off) stays 0
-            _collector_set = found, (found[0] and max(found[0], _YOUNG_WHILE_RECORDING), max(found[1], _MIDDLE_PAUSED), max(found[2], _FULL_PAUSED))
+            _collector_set = found, (found[0] and max(found[0], _YOUNG_WHILE_RECORDING), max(found[1], _MIDDLE_WHILE_RECORDING), max(found[2], _FULL_PAUSED))
         gc.set_threshold(*_collector_set[1])                  # gc.enable()/disable() stay the user's alone
     else:                                                     # the last one
         if _collector_set and gc.get_threshold() == _collector_set[1]: gc.set_threshold(*_collector_set[0])
@@ -867,7 +867,7 @@ def _count_tapes(change):
         raise
 
 class collector_tuned_for_tapes:
-    "Context manager: while a tape is recorded or swept, young collections run less often and the others wait."
+    "Context manager: while a tape is recorded or swept, young collections run less often and full ones wait."
     # One statement each: nothing runs after the count changes, so no interrupt can land between the two.
     def __enter__(self):
         with _collector_lock: return _count_tapes(+1) or self

@@ -6,7 +6,7 @@ import pytest
 import fastad as fd
 from fastad.engine import collector_tuned_for_tapes
 
-def tuned(found): return (found[0] and max(found[0], 20_000), max(found[1], 1 << 30), max(found[2], 1 << 30))
+def tuned(found): return (found[0] and max(found[0], 20_000), max(found[1], 100), max(found[2], 1 << 30))
 
 @pytest.fixture(autouse=True)
 def collector_settings():
