@@ -6,7 +6,7 @@
 __all__ = ['BACKENDS', 'to_device', 'np2', 'NUMPY_CROSSES_2_VECTORS', 'set_backend', 'get_backend', 'xp', 'use_backend',
            'gpu_available', 'environment_backend', 'use_gpu', 'array_module', 'is_array', 'zeros', 'ones', 'arange',
            'asarray', 'to_host', 'default_rng', 'manual_seed', 'random_normal', 'synchronize', 'numpy_function',
-           'in_this_numpy', 'solve_takes_vectors']
+           'in_this_numpy', 'solve_takes_vectors', 'sliding_window_view']
 
 # %% ../nbs/90_backend.ipynb #2d9a61c2
 import contextlib, os, sys
@@ -157,12 +157,12 @@ def asarray(x, dtype=None):
     if array_module(x) is not module: x = to_host(x)
     try:
         a = np.asarray(x, dtype=dtype) if array_module(x) is np else x      # host data: made (and checked) here first
-        if module is not np and a.dtype.kind in 'biufc': a = module.asarray(a, dtype=dtype)
+        held = a.dtype if dtype is None else np.dtype(dtype)                # device data: the dtype asked for
     except (ValueError, TypeError) as e:
         raise ArgumentError(f"to_device: cannot make an array of numbers from {type(x).__name__} ({e})") from None
-    if a.dtype.kind not in 'biufc':
-        raise ArgumentError(f"to_device: x holds {a.dtype} values, not numbers; arrays on a device hold numbers")
-    return a
+    if held.kind not in 'biufc':
+        raise ArgumentError(f"to_device: x holds {held} values, not numbers; arrays on a device hold numbers")
+    return module.asarray(a, dtype=dtype) if module is not np else a
 
 to_device = asarray
 
@@ -232,3 +232,22 @@ NUMPY_CROSSES_2_VECTORS = _crosses_2_vectors()
 def solve_takes_vectors(a, b):
     "Does np.linalg.solve(a, b) read `b` as vectors? From NumPy 2.0 on, exactly when b is 1-d."
     return np.ndim(b) == 1
+
+# %% ../nbs/90_backend.ipynb #cp5e1a05
+from .errors import ShapeError
+
+def _windows_from_strides(x, window_shape, axis, as_strided):
+    "sliding_window_view's view of `x` (a window of `window_shape[i]` along `axis[i]`), built with `as_strided`."
+    shape = list(x.shape)
+    for a, w in zip(axis, window_shape):
+        if not 0 <= w <= shape[a]:
+            raise ShapeError(f"sliding_window_view: a window of {w} does not fit along axis {a}, of length {shape[a]}")
+        shape[a] -= w - 1
+    return as_strided(x, (*shape, *window_shape), (*x.strides, *(x.strides[a] for a in axis)))
+
+def sliding_window_view(x, window_shape, axis):
+    """`np.lib.stride_tricks.sliding_window_view(x, window_shape, axis)` (two tuples) for an array of any backend:
+    NumPy's own, except on CuPy's arrays, whose view is built from the strides (see above)."""
+    if type(x).__module__.startswith('cupy'):
+        return _windows_from_strides(x, window_shape, axis, sys.modules['cupy'].lib.stride_tricks.as_strided)
+    return np.lib.stride_tricks.sliding_window_view(x, window_shape, axis)

@@ -30,9 +30,7 @@ def windows(x, size, strides=(1, 1)):
         view = np.ndarray(shape, x.dtype, x, 0, steps)  # x's own memory read with other strides: as_strided, minus its checks
         view.flags.writeable = False
         return view
-    if hasattr(tricks, 'sliding_window_view'):
-        return tricks.sliding_window_view(x, size, axis=(1, 2))[:, ::strides[0], ::strides[1]]
-    return tricks.as_strided(x, shape, steps)           # an older CuPy: the same view, built from the strides
+    return backend.sliding_window_view(x, size, (1, 2))[:, ::strides[0], ::strides[1]]
 
 # %% ../nbs/05a_cnn_layers.ipynb #fb4ff84e
 PADDINGS = ('valid', 'same')

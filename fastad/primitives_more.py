@@ -17,6 +17,7 @@ import numpy as np
 from .errors import DifferentiationError, NoDerivativeError
 from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half, _shared_chains, _select
 from .primitives import _module_under
+from .backend import sliding_window_view
 
 # %% ../nbs/03a1_more_primitives.ipynb #brc6c27f
 def _traced(x):
@@ -314,7 +315,7 @@ def pad_constant_vwc(x, *, pad_width, constant_values=0):
 def sliding_window_view_vwc(x, *, window_shape, axis):
     "Every window of `window_shape` along `axis` (tuples), as new trailing axes; the chain adds them back."
     shape = np.shape(x)
-    return (np.lib.stride_tricks.sliding_window_view(x, window_shape, axis),
+    return (sliding_window_view(x, window_shape, axis),
             lambda g: window_sum(g, shape=shape, window_shape=window_shape, axis=axis))
 
 @defvwc(name='window_sum', unary=True)
@@ -322,7 +323,7 @@ def window_sum_vwc(g, *, shape, window_shape, axis):
     """The transpose of `sliding_window_view`: each window of `g` added back where it was read. One window axis at
     a time, from the last: its positions are shifted slices added along the array axis it slides on (a 5×5
     window: 5 adds, then 5 of a smaller array, not 25 of the whole: about twice as fast)."""
-    chain = lambda h: np.lib.stride_tricks.sliding_window_view(h, window_shape, axis)
+    chain = lambda h: sliding_window_view(h, window_shape, axis)
     if _traced(g): return window_sum(g, shape=shape, window_shape=window_shape, axis=axis), chain
     xp, dtype = _module_under(g), np.result_type(g)
     if not window_shape: return g.copy(), chain
@@ -343,14 +344,25 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
     """`np.put_along_axis` as a new array: `arr` with `values` written at `indices` along `axis`. The
     overwritten elements of `arr` get no cotangent; each value that stays gets the cotangent of its place."""
     xp, shape, vshape = _module_under(arr), np.shape(arr), np.shape(values)
-    writer = xp.full(shape, -1)                       # which value ends up in each place: the last one written there
-    ids = xp.arange(np.size(indices)).reshape(np.shape(indices))
-    np.put_along_axis(writer, indices, ids, axis)
+    index = _along_axis_index(xp, shape, indices, axis)   # the writes: `indices` along `axis`, each place along the others
+    grid = np.broadcast_shapes(*(np.shape(i) for i in index))
+    ids = xp.arange(math.prod(grid)).reshape(grid)    # the writes, numbered in the order NumPy makes them
+    writer = xp.full(shape, -1)                       # which write ends up in each place: the last one made there
+    if xp is np: np.put_along_axis(writer, indices, ids, axis)   # NumPy's scatter keeps the last of repeated writes;
+    else: xp.maximum.at(writer, index, ids)           # CuPy's keeps any one of them, so the last is picked explicitly
     kept = np.take_along_axis(writer, indices, axis) == ids     # a value overwritten by a repeated index has no slope
     chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(_select(kept, np.take_along_axis(g, indices, axis)), vshape))
     if _traced(arr) or _traced(values): return put_along_axis(arr, values, indices=indices, axis=axis), chains
-    out = arr.copy()
-    np.put_along_axis(out, indices, values, axis)
-    return out, chains
+    if xp is np or not ids.size:
+        out = arr.copy()
+        np.put_along_axis(out, indices, values, axis)
+        return out, chains
+    written = xp.broadcast_to(values, grid).reshape(-1)[xp.maximum(writer, 0)]     # each place's last write
+    return xp.where(writer >= 0, written, arr).astype(np.result_type(arr), copy=False), chains
+
+def _along_axis_index(xp, shape, indices, axis):
+    "The index `np.put_along_axis(a, indices, v, axis)` writes through, for `a` of `shape`: a tuple of broadcasting arrays."
+    nd = len(shape)
+    return tuple(indices if d == axis % nd else xp.arange(n).reshape((1,) * d + (n,) + (1,) * (nd - d - 1)) for d, n in enumerate(shape))
 
 put_along_axis = put_along_axis_vwc.primitive
