@@ -203,6 +203,8 @@ def power_vwc(x, y):
             return g * y * (np.power(x, y - 1) if type(x) is float else x ** (y - 1))   # float 0.0 ** -0.5: inf, no error
         return np.where(y == 0, 0, g * y * x ** np.where(y == 0, 1, y - 1))   # where y is 0 the slope is 0, even at x = 0
     # d/dy x**y = log(x) x**y is only defined for x > 0; elsewhere (integer powers of negatives) it is 0
+    if isinstance(x, (int, float)):                       # a Python base (2 ** y): no array where can be used (CuPy's wants one)
+        return ans, (dx, lambda g: g * ans * math.log(x) if x > 0 else np.zeros_like(g * ans))
     positive = x > 0
     return ans, (dx, lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
