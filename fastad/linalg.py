@@ -20,6 +20,10 @@ EighResult, SVDResult, QRResult, SlogdetResult = (type(f(np.eye(1))) for f in (n
 
 def _T(x): return np.swapaxes(x, -1, -2)
 
+def _on_cupy(a):
+    "Is `a` a CuPy array? Its linalg lacks some of NumPy's keywords (`hermitian`, `upper`), which fastad then does itself."
+    return _module_under(a).__name__ == 'cupy'
+
 def _only_if(**options):
     "The options given other than their defaults (None, False), as keywords: CuPy's linalg takes no `hermitian`, nor `rcond=None`."
     return {k: v for k, v in options.items() if v is not None and v is not False}
@@ -111,7 +115,9 @@ def _divided(name, m, gap, tie, used, what):
 
 def cholesky_vwc(a, *, upper=False):
     "L with A = LLᵀ (U = Lᵀ with `upper`); NumPy reads only A's lower (upper) triangle, and so does the slope."
-    l = _T(np.linalg.cholesky(a, upper=True)) if upper else np.linalg.cholesky(a)   # each reads its own triangle
+    if not upper: l = np.linalg.cholesky(a)                       # each reads its own triangle
+    elif _on_cupy(a): l = np.linalg.cholesky(_T(a))               # CuPy's has no `upper`: A's upper triangle is Aᵀ's lower
+    else: l = _T(np.linalg.cholesky(a, upper=True))
     def chain(g):
         if upper: g = _T(g)
         p = _T(l) @ g
@@ -238,6 +244,8 @@ def _linalg_eigh(a, UPLO='L'):
     return EighResult(*_eigh(a, UPLO=_uplo('numpy.linalg.eigh', UPLO)))
 
 def _linalg_svd(a, full_matrices=True, compute_uv=True, hermitian=False):
+    if hermitian and _on_cupy(a):                       # NumPy's reads the lower triangle only; CuPy's has no `hermitian`
+        a, hermitian = np.tril(a) + _T(np.tril(a, -1)), False
     if not compute_uv: return svdvals_vwc.primitive(a, hermitian=hermitian)
     return SVDResult(*_svd(a, full_matrices=full_matrices, hermitian=hermitian))
 

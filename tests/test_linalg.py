@@ -171,3 +171,12 @@ def test_the_extra_columns_of_a_full_svd_may_go_unused(any_backend):
     x = to_device(a)
     v = to_device(np.random.default_rng(0).standard_normal((2, 4, 2)))
     np.testing.assert_allclose(to_host(fd.pullback(full, x)(v)), to_host(fd.pullback(reduced, x)(v)), atol=1e-12)
+
+@pytest.mark.parametrize('name', ['cholesky upper', 'svd hermitian'])
+def test_the_ways_around_cupys_missing_keywords(monkeypatch, name):
+    "CuPy's linalg takes no `upper` nor `hermitian`: fastad's way around them, run here on NumPy's arrays."
+    import fastad.linalg as L
+    monkeypatch.setattr(L, '_on_cupy', lambda a: True)
+    a = spd(3, (2,), 3) + np.triu(general(4, (2,), 3, 3), 1) * 0.1       # its upper triangle differs from the lower
+    np.testing.assert_allclose(fd.value_with_pullback(SYMMETRIC[name], a)[0], SYMMETRIC[name](a), rtol=1e-12, atol=1e-12)
+    check_both(SYMMETRIC[name], a)
