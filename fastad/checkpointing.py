@@ -28,8 +28,9 @@ def _state_of(g):
     if isinstance(g, random.Random): return g.getstate, g.setstate, (lambda s: g.getstate() != s)  # numbers only
     if type(g).__module__ == 'fastad.strict': return _state_of(g._g)   # the strict backend wraps a NumPy Generator
     cuda_states = getattr(getattr(g, 'bit_generator', None), '_state', None)
-    if cuda_states is not None:                          # CuPy: cuRAND's states, a device array its kernels update in place
-        return cuda_states.copy, (lambda s: cuda_states.__setitem__(Ellipsis, s)), (lambda s: not _same(cuda_states, s))
+    if cuda_states is not None:     # CuPy: cuRAND's states, a device array its kernels update in place. Saved and compared
+        get = cuda_states.get       # on the host: a copy on the device (about 1 MiB) for every checkpointed call would add up
+        return get, cuda_states.set, (lambda s: not np.array_equal(get(), s))
     raise ArgumentError(f"random_state: cannot save the state of a {type(g).__name__}; pass NumPy or CuPy "
                         f"Generators, a numpy.random.RandomState, or a random.Random")
 

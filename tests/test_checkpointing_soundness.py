@@ -281,3 +281,34 @@ def test_a_cached_gaussian_of_numpys_global_generator_counts_as_a_draw():
     np.random.seed(0); np.random.randn()
     want = fd.gradient(lambda x: ((x * np.random.randn()) ** 2).sum(), np.ones(3))
     np.testing.assert_array_equal(got, want)
+
+
+class DeviceStates(np.ndarray):
+    "Stands in for CuPy's array of cuRAND states: `get()` reads it back to the host, `set(h)` writes it in place."
+    def get(self): return np.array(self)
+    def set(self, h): self[...] = h
+
+
+class DeviceGenerator:
+    "Shaped like CuPy's generator: its state a device array (`bit_generator._state`) that each draw changes in place."
+    def __init__(self, seed):
+        self.bit_generator = type('Bits', (), {})()
+        self.bit_generator._state = np.array([seed, 0], np.uint64).view(DeviceStates)
+    def standard_normal(self, shape):
+        s = self.bit_generator._state
+        values = np.random.default_rng([int(s[0]), int(s[1])]).standard_normal(shape)
+        s[1] += 1
+        return values
+
+
+def test_a_generator_with_its_state_on_the_device_is_replayed():
+    "CuPy's generator state is saved and compared on the host; the recomputation draws the forward pass's noise again."
+    rng, x = DeviceGenerator(3), np.linspace(-1, 1, 5)
+    noisy = fd.make_recomputed_in_gradient(lambda x: np.tanh(x) * rng.standard_normal(np.shape(x)), generators=[rng])
+    g = fd.gradient(lambda x: noisy(x).sum(), x)
+    noise = DeviceGenerator(3).standard_normal(5)                       # the one draw of the forward pass
+    np.testing.assert_allclose(g, (1 - np.tanh(x) ** 2) * noise, rtol=1e-12)
+    assert type(rng.bit_generator._state) is DeviceStates and list(rng.bit_generator._state) == [3, 1]   # one draw, then put back
+    quiet = fd.make_recomputed_in_gradient(lambda x: np.tanh(x), generators=[rng])
+    fd.gradient(lambda x: quiet(x).sum(), x)
+    assert list(rng.bit_generator._state) == [3, 1]                      # no draw: nothing replayed, nothing moved
