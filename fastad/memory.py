@@ -15,8 +15,7 @@ def _pool_counter():
     "A CuPy memory-pool hook counting the bytes handed out and given back, and the most out at once."
     import cupy
     class PoolCounter(cupy.cuda.MemoryHook):
-        name = 'fastad_memory_meter'
-        def __init__(self): self.used = self.peak = 0
+        def __init__(self): self.used, self.peak, self.name = 0, 0, f'fastad_memory_meter_{id(self)}'   # one name each: meters nest
         def malloc_postprocess(self, **kw):
             self.used += kw['mem_size']
             self.peak = max(self.peak, self.used)
@@ -26,7 +25,7 @@ def _pool_counter():
 class MemoryMeter:
     """Context manager reading memory in use, in bytes, and the most in use since `reset_peak()`: NumPy's (and
     the strict backend's) buffers through tracemalloc, CuPy's through its memory pool. Readings are relative:
-    compare two of them. Meters don't nest (they share tracemalloc's one peak)."""
+    compare two of them. Meters nest: a planner measuring layers inside a step that is itself measured, say."""
     def __enter__(self):
         gc.collect()                                       # arrays waiting in reference cycles would blur the readings
         self.gpu = backend.get_backend() == 'cupy'
@@ -36,6 +35,7 @@ class MemoryMeter:
         else:
             self.started = not tracemalloc.is_tracing()
             if self.started: tracemalloc.start()
+            _open_meters.append(self)
         self.reset_peak()
         return self
     def used(self):
@@ -43,14 +43,19 @@ class MemoryMeter:
         return self.counter.used if self.gpu else tracemalloc.get_traced_memory()[0]
     def peak(self):
         "The most bytes in use at once since the last `reset_peak()`."
-        return self.counter.peak if self.gpu else tracemalloc.get_traced_memory()[1]
+        return self.counter.peak if self.gpu else max(self.earlier_peak, tracemalloc.get_traced_memory()[1])
     def reset_peak(self):
         "Start the peak afresh, from what is in use now."
-        if self.gpu: self.counter.peak = self.counter.used
-        else: tracemalloc.reset_peak()
+        if self.gpu: self.counter.peak = self.counter.used; return
+        peak = tracemalloc.get_traced_memory()[1]          # tracemalloc has one peak: the other open meters keep theirs
+        for m in _open_meters: m.earlier_peak = max(m.earlier_peak, peak) if m is not self else 0
+        tracemalloc.reset_peak()
     def __exit__(self, *exc):
-        if self.gpu: self.counter.__exit__(*exc)
-        elif self.started: tracemalloc.stop()
+        if self.gpu: self.counter.__exit__(*exc); return
+        _open_meters.remove(self)
+        if self.started: tracemalloc.stop()
+
+_open_meters = []                                          # the NumPy meters open now, outermost first
 
 # %% ../nbs/90e_memory.ipynb #74232758
 def held_bytes(f, *args):

@@ -243,3 +243,17 @@ def test_four_threads_differentiate_log_and_switch_backends_at_once(switch_inter
             assert (run_kind, run_used) == (kind, used), (name, run_kind, run_used)
             np.testing.assert_array_equal(run_g, g)
             assert run_counts == counts, (name, run_counts, counts)
+
+
+def test_memory_meters_nest(any_backend):
+    "An inner meter (a planner measuring layers, inside a step that is measured) leaves the outer one's peak whole."
+    from fastad import backend
+    from fastad.memory import MemoryMeter
+    with MemoryMeter() as outer:
+        before = outer.used()
+        big = backend.zeros((1_000_000,), dtype=np.float64); del big          # 8 MB, come and gone
+        with MemoryMeter() as inner:
+            small = backend.zeros((1000,), dtype=np.float64)
+            assert inner.peak() - inner.used() < 1_000_000                     # the inner one starts afresh
+            del small
+        assert outer.peak() - before >= 8_000_000
