@@ -439,11 +439,7 @@ def _take(a, indices, axis=None, out=None, mode='raise'):
 def _take_along_axis(arr, indices, axis=-1):
     indices = unbox(_static('numpy.take_along_axis', indices, 'indices'))
     if axis is None: arr, axis = np.ravel(arr), 0
-    nd, xp = np.ndim(arr), _module_under(arr)
-    axis = operator.index(axis) % nd
-    index = tuple(indices if d == axis else xp.arange(np.shape(arr)[d]).reshape((1,) * d + (-1,) + (1,) * (nd - d - 1))
-                  for d in range(nd))
-    return arr[index]
+    return arr[PM._along_axis_index(_module_under(arr), np.shape(arr), indices, operator.index(axis), 'numpy.take_along_axis')]
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #p3b046
 def put_along_axis(arr, indices, values, axis):

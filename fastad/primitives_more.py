@@ -14,7 +14,7 @@ __all__ = ['norm2', 'diagonal_scatter', 'window_sum', 'put_along_axis', 'log2_vw
 # %% ../nbs/03a1_more_primitives.ipynb #br7bc3ca
 import math
 import numpy as np
-from .errors import DifferentiationError, NoDerivativeError
+from .errors import DifferentiationError, NoDerivativeError, ShapeError
 from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half, _shared_chains, _select
 from .primitives import _module_under
 from .backend import sliding_window_view
@@ -357,12 +357,15 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
         out = arr.copy()
         np.put_along_axis(out, indices, values, axis)
         return out, chains
-    written = xp.broadcast_to(values, grid).reshape(-1)[xp.maximum(writer, 0)]     # each place's last write
+    written = xp.broadcast_to(xp.asarray(values), grid).reshape(-1)[xp.maximum(writer, 0)]     # each place's last write
     return xp.where(writer >= 0, written, arr).astype(np.result_type(arr), copy=False), chains
 
-def _along_axis_index(xp, shape, indices, axis):
-    "The index `np.put_along_axis(a, indices, v, axis)` writes through, for `a` of `shape`: a tuple of broadcasting arrays."
+def _along_axis_index(xp, shape, indices, axis, name='fastad.put_along_axis'):
+    "The index `np.put_along_axis(a, indices, v, axis)` writes through (and `take_along_axis` reads), for `a` of `shape`."
     nd = len(shape)
+    if not -nd <= axis < nd: raise ShapeError(f"{name}: axis {axis} is out of range for an array of {nd} dimensions")
+    if np.ndim(indices) != nd:
+        raise ShapeError(f"{name}: `indices` must have as many dimensions as the array ({nd}), not {np.ndim(indices)}")
     return tuple(indices if d == axis % nd else xp.arange(n).reshape((1,) * d + (n,) + (1,) * (nd - d - 1)) for d, n in enumerate(shape))
 
 put_along_axis = put_along_axis_vwc.primitive

@@ -237,6 +237,18 @@ def test_put_along_axis_keeps_the_last_write(any_backend):
     np.testing.assert_array_equal(to_host(pb(to_device(np.ones((2, 3))))), [[0., 0., 1., 1.], [0., 1., 0., 1.]])   # overwritten: no slope
     value = fd.value_with_pullback(lambda v: fd.put_along_axis(x, at[:1, :2], v, axis=1), to_device(np.array([[5.], [8.]])))[0]
     np.testing.assert_array_equal(to_host(value), [[0., 5., 0.], [0., 8., 0.]])      # indices and values broadcast along axis 0
+    value = fd.value_with_pullback(lambda x: fd.put_along_axis(x, at, 2.5, axis=1), x)[0]  # a Python number as the values
+    np.testing.assert_array_equal(to_host(value), [[2.5, 2.5, 0.], [2.5, 0., 2.5]])
+
+def test_along_axis_refuses_an_axis_or_indices_that_do_not_fit():
+    "An axis out of range would otherwise wrap around (axis 5 of a 2-d array read as axis 1)."
+    x, at = np.ones((2, 3)), np.array([[0], [1]])
+    with pytest.raises(fd.ShapeError, match="numpy.take_along_axis: axis 5 is out of range for an array of 2 dimensions"):
+        fd.gradient(lambda x: np.take_along_axis(x, at, axis=5).sum(), x)
+    with pytest.raises(fd.ShapeError, match="fastad.put_along_axis: axis -3 is out of range"):
+        fd.gradient(lambda x: fd.put_along_axis(x, at, 1.0, axis=-3).sum(), x)
+    with pytest.raises(fd.ShapeError, match=r"fastad.put_along_axis: `indices` must have as many dimensions as the array \(2\), not 1"):
+        fd.gradient(lambda x: fd.put_along_axis(x, at[:, 0], 1.0, axis=1).sum(), x)
 
 # --- 6. joining and splitting --------------------------------------------------------------------------------
 JOINS = {
