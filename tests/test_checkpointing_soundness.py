@@ -284,9 +284,12 @@ def test_a_cached_gaussian_of_numpys_global_generator_counts_as_a_draw():
 
 
 class DeviceStates(np.ndarray):
-    "Stands in for CuPy's array of cuRAND states: `get()` reads it back to the host, `set(h)` writes it in place."
+    """Stands in for CuPy's array of cuRAND states: `get()` reads it back to the host, `set(h)` writes it in place.
+    A copy on the device is refused: a snapshot per checkpointed call there would add up in the GPU's memory."""
     def get(self): return np.array(self)
     def set(self, h): self[...] = h
+    def copy(self, *a, **k): raise AssertionError("the generator's state was copied on the device")
+    def __eq__(self, other): raise AssertionError("the generator's state was compared on the device")
 
 
 class DeviceGenerator:

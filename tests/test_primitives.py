@@ -14,9 +14,9 @@ from fastad.strict import StrictArray
 
 def check_pullback(f, *xs, eps=1e-6, tol=1e-6, seed=0, host_reference=False):
     """Assert fd.pullback(f, *xs) agrees with central differences, and gradients keep shapes and array types.
-    `host_reference`: for a NumPy function CuPy lacks (`np.block`, `take(mode=)`, ...), the differences are taken
-    of `f` on NumPy arrays, on the host (under the NumPy backend), when the active backend is CuPy or the strict
-    one that stands in for it: fastad's gradient on the device is checked against NumPy itself."""
+    `host_reference`: the value and the differences are those of `f` on NumPy arrays, on the host (under the NumPy
+    backend), when the active backend is CuPy or the strict one that stands in for it: fastad on the device is
+    checked against NumPy itself, which also serves the NumPy functions CuPy lacks (`np.block`, `take(mode=)`)."""
     rng = np.random.default_rng(seed)
     hosts = [np.asarray(x, np.float64) for x in xs]
     xs = [to_device(x) for x in hosts]
@@ -27,6 +27,9 @@ def check_pullback(f, *xs, eps=1e-6, tol=1e-6, seed=0, host_reference=False):
     grads = grads if len(xs) > 1 else (grads,)
     on_host = host_reference and get_backend() != 'numpy'
     plain, v_plain = (hosts, v_host) if on_host else (xs, v)
+    if on_host:                                          # the value on the device, against NumPy's
+        with use_backend('numpy'): expected = f(*hosts)
+        np.testing.assert_allclose(np.asarray(to_host(value)), np.asarray(expected), rtol=1e-12, atol=1e-12)
     for i, (x, g) in enumerate(zip(xs, grads)):
         assert g.shape == x.shape and g.dtype == np.float64, (i, g.shape, x.shape)
         assert array_module(g) is array_module(x), f"gradient {i} changed device"
