@@ -161,7 +161,8 @@ def asarray(x, dtype=None):
     except (ValueError, TypeError) as e:
         raise ArgumentError(f"to_device: cannot make an array of numbers from {type(x).__name__} ({e})") from None
     if held.kind not in 'biufc':
-        raise ArgumentError(f"to_device: x holds {held} values, not numbers; arrays on a device hold numbers")
+        what = f"x holds {held} values" if dtype is None else f"dtype={held} was asked for"
+        raise ArgumentError(f"to_device: {what}, not numbers; arrays on a device hold numbers")
     return module.asarray(a, dtype=dtype) if module is not np else a
 
 to_device = asarray
@@ -238,6 +239,10 @@ from .errors import ShapeError
 
 def _windows_from_strides(x, window_shape, axis, as_strided):
     "sliding_window_view's view of `x` (a window of `window_shape[i]` along `axis[i]`), built with `as_strided`."
+    if len(window_shape) != len(axis):
+        raise ShapeError(f"sliding_window_view: {len(window_shape)} window sizes for {len(axis)} axes")
+    if not all(-x.ndim <= a < x.ndim for a in axis):
+        raise ShapeError(f"sliding_window_view: an axis of {axis} is out of range for an array of {x.ndim} dimensions")
     shape = list(x.shape)
     for a, w in zip(axis, window_shape):
         if not 0 <= w <= shape[a]:

@@ -6,7 +6,7 @@
 __all__ = ['MemoryMeter', 'held_bytes', 'peak_bytes']
 
 # %% ../nbs/90e_memory.ipynb #b11112d0
-import gc, tracemalloc
+import gc, threading, tracemalloc
 from . import backend
 from .transforms import value_with_pullback
 
@@ -25,7 +25,9 @@ def _pool_counter():
 class MemoryMeter:
     """Context manager reading memory in use, in bytes, and the most in use since `reset_peak()`: NumPy's (and
     the strict backend's) buffers through tracemalloc, CuPy's through its memory pool. Readings are relative:
-    compare two of them. Meters nest: a planner measuring layers inside a step that is itself measured, say."""
+    compare two of them. Meters nest: a planner measuring layers inside a step that is itself measured, say.
+    A NumPy meter counts every thread's arrays (tracemalloc is one for the process); a CuPy meter only its own
+    thread's (CuPy's pool hooks are per thread)."""
     def __enter__(self):
         gc.collect()                                       # arrays waiting in reference cycles would blur the readings
         self.gpu = backend.get_backend() == 'cupy'
@@ -35,7 +37,7 @@ class MemoryMeter:
         else:
             self.started = not tracemalloc.is_tracing()
             if self.started: tracemalloc.start()
-            _open_meters.append(self)
+            with _meters_lock: _open_meters.append(self)
         self.reset_peak()
         return self
     def used(self):
@@ -47,15 +49,16 @@ class MemoryMeter:
     def reset_peak(self):
         "Start the peak afresh, from what is in use now."
         if self.gpu: self.counter.peak = self.counter.used; return
-        peak = tracemalloc.get_traced_memory()[1]          # tracemalloc has one peak: the other open meters keep theirs
-        for m in _open_meters: m.earlier_peak = max(m.earlier_peak, peak) if m is not self else 0
-        tracemalloc.reset_peak()
+        with _meters_lock:                                 # tracemalloc has one peak: the other open meters keep theirs
+            peak = tracemalloc.get_traced_memory()[1]
+            for m in _open_meters: m.earlier_peak = max(m.earlier_peak, peak) if m is not self else 0
+            tracemalloc.reset_peak()
     def __exit__(self, *exc):
         if self.gpu: self.counter.__exit__(*exc); return
-        _open_meters.remove(self)
+        with _meters_lock: _open_meters.remove(self)
         if self.started: tracemalloc.stop()
 
-_open_meters = []                                          # the NumPy meters open now, outermost first
+_open_meters, _meters_lock = [], threading.Lock()          # the NumPy meters open now (any thread's), outermost first
 
 # %% ../nbs/90e_memory.ipynb #74232758
 def held_bytes(f, *args):
