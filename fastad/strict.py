@@ -12,7 +12,7 @@ import numbers, sys, types
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 from fastcore.basics import patch
-from .errors import HostTransferError
+from .errors import BackendError, HostTransferError
 
 # %% ../nbs/90a_strict.ipynb #0a213a9f
 def _mixing_error(what):
@@ -112,6 +112,8 @@ def __array_ufunc__(self: StrictArray, ufunc, method, *inputs, **kwargs):
 def __array_function__(self: StrictArray, func, types, args, kwargs):
     if _foreign(args) or _foreign(tuple(kwargs.values())): return NotImplemented
     what = f"numpy.{func.__name__}"
+    if func is np.where and args and type(args[0]) is bool:    # CuPy's where calls condition.astype: it needs an array
+        raise BackendError(f"{what}: a Python bool as the condition, which CuPy's where refuses; pass an array")
     return _wrap(func(*_unwrap(args, what), **{k: _unwrap(v, what) for k, v in kwargs.items()}))
 
 # %% ../nbs/90a_strict.ipynb #s0a00008
@@ -119,7 +121,21 @@ def __array_function__(self: StrictArray, func, types, args, kwargs):
 @patch
 def __getitem__(self: StrictArray, index): return _wrap(self._a[_unwrap(index, 'indexing')])
 @patch
-def __setitem__(self: StrictArray, index, value): self._a[_unwrap(index, 'indexing')] = _unwrap(value, 'assignment')
+def __setitem__(self: StrictArray, index, value):
+    index, value = _unwrap(index, 'indexing'), _unwrap(value, 'assignment')
+    if np.ndim(value) and _repeats(self._a.shape, index):  # NumPy keeps the last of the values; CuPy any one of them
+        raise BackendError("assignment: the index names one place more than once, and CuPy keeps any one of the values "
+                           "written there (NumPy the last); write each place once, or pick the value to keep first")
+    self._a[index] = value
+
+def _repeats(shape, index):
+    "Does `index`, with integer arrays in it, name one place of an array of `shape` more than once?"
+    parts = index if type(index) is tuple else (index,)
+    if not any(type(p) is list or getattr(p, 'dtype', np.dtype(bool)).kind in 'iu' and np.ndim(p) for p in parts):
+        return False                                   # basic indexing and masks: each place at most once
+    counts = np.zeros(shape, np.intp)
+    np.add.at(counts, index, 1)
+    return counts.max(initial=0) > 1
 
 # methods: computed by NumPy, results wrapped
 @patch
