@@ -13,7 +13,7 @@ import importlib, importlib.abc, importlib.util, math, sys, threading, warnings
 import numpy as np
 from .engine import unbox
 from .errors import NoDerivativeError, ShapeError
-from .primitives import unbroadcast, _module_under
+from .primitives import unbroadcast, as_mask, _module_under
 from .transforms import derivative, value_with_pullback
 from . import dispatch
 
@@ -63,7 +63,8 @@ SQRT_PI, SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
 
 def polygamma(n, x):
     "ψ⁽ⁿ⁾(x) from ufuncs alone (SciPy's `polygamma` converts its arguments to host arrays): ψ, or (-1)ⁿ⁺¹ n! ζ(n+1, x)."
-    if np.ndim(n) == 0 and n == 0: return _special.digamma(x)
+    if np.ndim(n) == 0:                                      # one order: no where on a Python bool (CuPy's needs arrays)
+        return _special.digamma(x) if n == 0 else (-1.0) ** (n + 1) * math.gamma(n + 1) * _special.zeta(n + 1, x)
     m = np.where(n == 0, 1, n)                               # an array of orders holding 0: ψ there (ζ(1, x) is inf)
     return np.where(n == 0, _special.digamma(x), (-1.0) ** (m + 1) * _special.gamma(m + 1) * _special.zeta(m + 1, x))
 
@@ -83,10 +84,12 @@ _unary('i0e', lambda x: _special.i0e(x), lambda x, ans: _special.i1e(x) - np.sig
 _unary('i1e', lambda x: _special.i1e(x),
        lambda x, ans: _special.i0e(x) - np.where(x == 0, 0.5, ans / np.where(x == 0, 1.0, x)) - np.sign(x) * ans)
 
-# x·log y is 0 wherever x is 0 (SciPy's convention), so its slope in y is 0 there too, also where y is 0 (or -1)
-_binary('xlogy', lambda x, y: _special.xlogy(x, y), lambda x, y: np.log(y), lambda x, y: np.where(x == 0, 0.0, x / np.where(x == 0, 1.0, y)))
+# x·log y is 0 wherever x is 0 (SciPy's convention), so its slope in y is 0 there too, also where y is 0 (or -1).
+# (x a Python number: `as_mask` makes `x == 0` a NumPy bool, which CuPy's where takes; a Python bool it refuses)
+_binary('xlogy', lambda x, y: _special.xlogy(x, y), lambda x, y: np.log(y),
+        lambda x, y: np.where(as_mask(x == 0), 0.0, x / np.where(as_mask(x == 0), 1.0, y)))
 _binary('xlog1py', lambda x, y: _special.xlog1py(x, y), lambda x, y: np.log1p(y),
-        lambda x, y: np.where(x == 0, 0.0, x / np.where(x == 0, 1.0, 1 + y)))
+        lambda x, y: np.where(as_mask(x == 0), 0.0, x / np.where(as_mask(x == 0), 1.0, 1 + y)))
 _binary('betaln', lambda a, b: _special.betaln(a, b), lambda a, b: _special.digamma(a) - _special.digamma(a + b),
         lambda a, b: _special.digamma(b) - _special.digamma(a + b))
 
