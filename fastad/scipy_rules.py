@@ -64,7 +64,7 @@ SQRT_PI, SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
 def polygamma(n, x):
     "ψ⁽ⁿ⁾(x) from ufuncs alone (SciPy's `polygamma` converts its arguments to host arrays): ψ, or (-1)ⁿ⁺¹ n! ζ(n+1, x)."
     if np.ndim(n) == 0:                                      # one order: no where on a Python bool (CuPy's needs arrays)
-        return _special.digamma(x) if n == 0 else (-1.0) ** (n + 1) * math.gamma(n + 1) * _special.zeta(n + 1, x)
+        return _special.digamma(x) if n == 0 else np.float64(-1.0) ** (n + 1) * _special.gamma(n + 1.0) * _special.zeta(n + 1, x)
     m = np.where(n == 0, 1, n)                               # an array of orders holding 0: ψ there (ζ(1, x) is inf)
     return np.where(n == 0, _special.digamma(x), (-1.0) ** (m + 1) * _special.gamma(m + 1) * _special.zeta(m + 1, x))
 

@@ -108,12 +108,17 @@ def __array_ufunc__(self: StrictArray, ufunc, method, *inputs, **kwargs):
     if out: return out[0] if len(out) == 1 else out  # NumPy wrote into our arrays' buffers
     return _wrap(result)
 
+def _check_where(args):
+    "CuPy's where calls `condition.astype`: a Python number as the condition (a bool, say) is refused there, so here too."
+    if args and isinstance(args[0], numbers.Number) and not isinstance(args[0], np.generic):
+        raise BackendError(f"numpy.where: a Python {type(args[0]).__name__} as the condition, which CuPy's where refuses; "
+                           f"pass an array (or a NumPy bool)")
+
 @patch
 def __array_function__(self: StrictArray, func, types, args, kwargs):
     if _foreign(args) or _foreign(tuple(kwargs.values())): return NotImplemented
     what = f"numpy.{func.__name__}"
-    if func is np.where and args and type(args[0]) is bool:    # CuPy's where calls condition.astype: it needs an array
-        raise BackendError(f"{what}: a Python bool as the condition, which CuPy's where refuses; pass an array")
+    if func is np.where: _check_where(args)
     return _wrap(func(*_unwrap(args, what), **{k: _unwrap(v, what) for k, v in kwargs.items()}))
 
 # %% ../nbs/90a_strict.ipynb #s0a00008
@@ -123,9 +128,10 @@ def __getitem__(self: StrictArray, index): return _wrap(self._a[_unwrap(index, '
 @patch
 def __setitem__(self: StrictArray, index, value):
     index, value = _unwrap(index, 'indexing'), _unwrap(value, 'assignment')
-    if np.ndim(value) and _repeats(self._a.shape, index):  # NumPy keeps the last of the values; CuPy any one of them
+    if np.size(value) > 1 and _repeats(self._a.shape, index):  # NumPy keeps the last of the values; CuPy any one
         raise BackendError("assignment: the index names one place more than once, and CuPy keeps any one of the values "
-                           "written there (NumPy the last); write each place once, or pick the value to keep first")
+                           "written there (NumPy the last); write each place once, or pick the value to keep first "
+                           "(to add up repeated places, as `a[i] += v` means to, use the module's add.at)")
     self._a[index] = value
 
 def _repeats(shape, index):
@@ -133,9 +139,9 @@ def _repeats(shape, index):
     parts = index if type(index) is tuple else (index,)
     if not any(type(p) is list or getattr(p, 'dtype', np.dtype(bool)).kind in 'iu' and np.ndim(p) for p in parts):
         return False                                   # basic indexing and masks: each place at most once
-    counts = np.zeros(shape, np.intp)
-    np.add.at(counts, index, 1)
-    return counts.max(initial=0) > 1
+    written = np.zeros(shape, bool)                    # a byte per place: fewer places written than writes made
+    written[index] = True
+    return np.count_nonzero(written) < written[index].size
 
 # methods: computed by NumPy, results wrapped
 @patch
@@ -220,6 +226,7 @@ def __getattr__(name):
     if not callable(f) or isinstance(f, type): return f
     def wrapped(*args, **kwargs):
         what = f"strict.{name}"
+        if f is np.where: _check_where(args)
         return _wrap(f(*_unwrap(args, what), **{k: _unwrap(v, what) for k, v in kwargs.items()}))
     wrapped.__name__ = name
     if isinstance(f, np.ufunc):                       # `strict.add.at(a, index, b)`, in place, as `cupy.add.at`

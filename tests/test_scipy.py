@@ -341,3 +341,12 @@ def test_checkpoints_hold_no_more_with_scipys_rules_in_force():
         for module in ('scipy.special', 'scipy.stats', 'scipy.linalg', 'scipy.signal'): S.register_scipy(module)
     assert with_rules - without < 40 * 512, (with_rules, without)
     assert fd.transforms.rules_in_force() is fd.transforms.rules_in_force()
+
+
+@pytest.mark.parametrize('n', [1, 2.0, 1.5, -1, 171, np.int64(3)])
+def test_polygamma_of_one_order_as_scipy(n):
+    "One order, a number: SciPy's values, nan and inf included (a non-integer or negative order, an overflow)."
+    x = np.array([0.5, 1.5, 4.0])
+    with np.errstate(all='ignore'):
+        value = fd.value_with_pullback(lambda x: special.polygamma(n, x), x)[0]
+        np.testing.assert_allclose(value, special.polygamma(n, x), rtol=1e-12)

@@ -74,3 +74,21 @@ def test_random_generator_and_module_functions():
     assert all(type(x) is StrictArray for x in (g.standard_normal((2, 2)), g.uniform(size=3), g.integers(0, 5, 4)))
     assert strict.get_array_module(strict.ones(1)) is strict and strict.get_array_module(np.ones(1)) is np
     assert type(strict.linspace(0, 1, 5)) is StrictArray and type(strict.zeros_like(strict.ones(2))) is StrictArray
+
+
+def test_strict_copies_cupys_refusals_of_repeated_writes_and_python_number_conditions():
+    "As CuPy: repeated places written with several values are refused (CuPy keeps any one), and a Python number as where's condition."
+    from fastad import strict
+    from fastad.errors import BackendError
+    a = strict.zeros((3, 2))
+    for condition in (True, 1, 0.5):
+        with pytest.raises(BackendError, match="as the condition, which CuPy's where refuses"): strict.where(condition, a, 0)
+        with pytest.raises(BackendError, match="as the condition"): np.where(condition, a, 0)
+    np.testing.assert_array_equal(strict.where(np.True_, a, 1).get(), np.zeros((3, 2)))
+    rows = strict.asarray(np.array([2, -1]))                                 # -1 is row 2 again
+    with pytest.raises(BackendError, match="names one place more than once"): a[rows] = strict.asarray(np.ones((2, 2)))
+    with pytest.raises(BackendError, match="add.at"): a[rows, 0] = strict.asarray(np.array([1., 2.]))
+    a[rows] = 1.0; a[rows] = strict.asarray(np.ones(1))                     # one value, written twice: fine
+    a[strict.asarray(np.array([0, 1])), 1] = strict.asarray(np.array([5., 6.]))
+    a[..., strict.asarray(np.array([0]))] = strict.asarray(np.array([[7.], [8.], [9.]]))
+    np.testing.assert_array_equal(a.get(), [[7., 5.], [8., 6.], [9., 1.]])
