@@ -210,7 +210,6 @@ def backward(recording, seeds, consume=False):
     if consume: recording.consumed = True
     for i in range(max(seeds), -1, -1):
         entry = tape[i]
-        if entry is None: continue                    # an input: its cotangent is what the caller wants
         if type(entry) is tuple:                      # one output's entry: `(name, parents)`
             g = cts[i]
             if g is None: continue                    # nobody's cotangent reached this value
@@ -223,18 +222,18 @@ def backward(recording, seeds, consume=False):
             g = tuple(_zeros(s) if c is None else c for c, s in zip(g, entry.specs))
             cts[i:i + n] = [None] * n
             if consume: tape[i:i + n] = [None] * n
-        else: continue                                # a later output (an int): its entry is further down
-        name, parents = entry
-        if log is not None: log.record('pullback', name)
-        for j, chain in parents:
+        else: continue                                # an input (None): its cotangent is what the caller wants;
+                                                      # a later output (an int): its entry is further down
+        if log is not None: log.record('pullback', entry[0])
+        for j, chain in entry[1]:
             c = chain(g)
             if c is None: continue                    # a custom pullback may give no cotangent for an input
-            if type(j) is not int:                    # one pullback for several inputs: a cotangent each
-                _collect_each(cts, j, c, name)
-                continue
-            old = cts[j]
+            try: old = cts[j]
+            except TypeError:                         # j a tuple of places: one pullback for several inputs,
+                _collect_each(cts, j, c, entry[0])    # a cotangent each (asked only when the list refuses j,
+                continue                              # as a tuple is no list index: the usual int costs nothing)
             cts[j] = c if old is None else old + c    # a value used twice collects both cotangents
-        del entry, parents, g
+        del entry, g
     return cts
 
 def _collect_each(cts, places, cs, name):

@@ -171,15 +171,25 @@ def unbroadcast(g, shape):
     return np.reshape(np.sum(g, axis=axes), shape)
 
 # %% ../nbs/03a_primitives.ipynb #a485fe24
+# A chain that reads nothing from its forward pass is one function, shared by every operation: each `+` on a tape
+# then makes no new function (a chain of scalar operations spends much of its time making them).
+def _unchanged(g):
+    "The cotangent, passed on as it is."
+    return g
+
+def _negated(g):
+    "The cotangent, negated."
+    return -g
+
 @defvwc(np.add, broadcasts=True, keeps={})
 def add_vwc(x, y):
     "x + y: the cotangent passes to both unchanged."
-    return x + y, (lambda g: g, lambda g: g)
+    return x + y, (_unchanged, _unchanged)
 
 @defvwc(np.subtract, broadcasts=True, keeps={})
 def subtract_vwc(x, y):
     "x - y: the cotangent passes to x, negated to y."
-    return x - y, (lambda g: g, lambda g: -g)
+    return x - y, (_unchanged, _negated)
 
 @defvwc(np.multiply, broadcasts=True, keeps=dict(x='y', y='x'))
 def multiply_vwc(x, y):
@@ -212,17 +222,17 @@ def power_vwc(x, y):
 @defvwc(np.remainder, broadcasts=True)
 def remainder_vwc(x, y):
     "x mod y = x - floor(x / y) * y: slope 1 in x and -floor(x / y) in y, between the jumps."
-    return np.remainder(x, y), (lambda g: g, lambda g: -g * np.floor_divide(x, y))
+    return np.remainder(x, y), (_unchanged, lambda g: -g * np.floor_divide(x, y))
 
 @defvwc(np.negative, unary=True, keeps={})
 def negative_vwc(x):
     "-x: the cotangent, negated."
-    return -x, lambda g: -g
+    return -x, _negated
 
 @defvwc(np.positive, unary=True)
 def positive_vwc(x):
     "+x: the cotangent, unchanged."
-    return x, lambda g: g
+    return x, _unchanged
 
 # %% ../nbs/03a_primitives.ipynb #p3a022
 def as_mask(m, like=None):
