@@ -228,10 +228,10 @@ def backward(recording, seeds, consume=False):
         for j, chain in entry[1]:
             c = chain(g)
             if c is None: continue                    # a custom pullback may give no cotangent for an input
-            try: old = cts[j]
-            except TypeError:                         # j a tuple of places: one pullback for several inputs,
-                _collect_each(cts, j, c, entry[0])    # a cotangent each (asked only when the list refuses j,
-                continue                              # as a tuple is no list index: the usual int costs nothing)
+            if type(j) is not int:                    # one pullback for several inputs: a cotangent each
+                _collect_each(cts, j, c, entry[0])
+                continue
+            old = cts[j]
             cts[j] = c if old is None else old + c    # a value used twice collects both cotangents
         del entry, g
     return cts

@@ -167,3 +167,15 @@ def test_few_young_and_no_full_collections_while_recording():
     try: fd.gradient(f, 0.3)
     finally: gc.callbacks.remove(count)
     assert 2 not in runs and len(runs) < 40, runs       # young ones every 20,000 new objects; full ones paused
+
+@pytest.mark.parametrize('vwc, args', [(P.add_vwc, (0.3, 0.2)), (P.subtract_vwc, (0.3, 0.2)), (P.negative_vwc, (0.3,)),
+                                       (P.positive_vwc, (0.3,)), (P.add_vwc, (A, B))])
+def test_a_chain_that_reads_nothing_is_made_once_not_per_operation(vwc, args):
+    "`+` on a tape makes no new function: its chains are shared (a scalar chain spends much of its time making them)."
+    (_, first), (_, second) = vwc(*args), vwc(*args)
+    chains = lambda c: c if isinstance(c, tuple) else (c,)
+    assert all(a is b for a, b in zip(chains(first), chains(second)))
+    assert all(c.__closure__ is None for c in chains(first))      # it keeps nothing, so no lock or saved bytes either
+    g = np.full(np.shape(vwc(*args)[0]), 2.0)
+    expected = {P.subtract_vwc: (2.0, -2.0), P.negative_vwc: (-2.0,)}.get(vwc, (2.0, 2.0))
+    assert [float(np.mean(c(g))) for c in chains(first)] == list(expected[:len(chains(first))])
