@@ -100,3 +100,12 @@ def test_a_restarted_process_makes_its_first_calls_before_it_is_timed(monkeypatc
     entries = {n: run.Entry(n) for n in ('fastad', 'jax')}
     fresh = run.restart_workers('cnn', dict.fromkeys(entries), {}, {}, entries, str(tmp_path))
     assert sorted(fresh) == ['fastad', 'jax'] and asked == [('fastad', 'check'), ('jax', 'check')]
+
+def test_floors_split_a_step_into_fixed_pieces_and_what_is_left(capsys):
+    "bench.floors: each piece of a step timed alone, their sum, and the rest of the step; no timing is judged."
+    from bench.floors import report, scalar_floors, cnn_floors
+    assert report('a step', 'µs', {'one piece': 1.0, 'another': 2.0}, 5.0, {'a peer': 2.5}) == 3.0
+    out = capsys.readouterr().out
+    assert '2.000 µs (40% of the step)' in out and 'fastad / it = 2.00' in out
+    for pieces, whole, _ in (scalar_floors(repeat=1, number=2_000), cnn_floors(repeat=1, number=3)):
+        assert len(pieces) >= 3 and all(0 < v < float('inf') for v in pieces.values()) and whole > 0, pieces
