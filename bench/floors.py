@@ -3,41 +3,44 @@
 Part of a step's time is fixed by choices fastad has made, and no trimming of the engine moves it:
 * the scalar chain (workload 2, mixed): NumPy's `__array_ufunc__` dispatch, the only way `np.sin(x)` reaches a traced
   value; the rules' own calls (each VWC returns its value and builds its chains); calling those chains in the sweep;
-* the tiny CNN step (workload 3, fastad's layers): NumPy's kernels, each timed alone on the step's own arrays.
+* the tiny CNN step (workload 3, fastad's layers): NumPy's kernels, each timed alone on the step's own arrays (the
+  pooling and softmax rules whole, with their few argument checks).
 What is left of a step is the engine's and the transforms' own work, the part that trimming can still reach. Each
 figure is the best of `--repeat` timeit repeats, so each piece is a floor; compare them within one run. The peers'
 whole steps are in the suite's table (`python -m bench`), each measured in a process of its own."""
 import argparse, os, timeit
 from bench import machine                         # imports no numerical library: the thread count is set first
 
-def best(f, number, repeat):
-    "Seconds per call of `f`: the best of `repeat` timings of `number` calls."
-    return min(timeit.repeat(f, number=number, repeat=repeat)) / number
+def best(f, number, repeat, names=None):
+    """Seconds per call: the best of `repeat` timings of `number` calls of `f`, a function, or a statement that reads
+    `names` (timed as written: no frame of ours around the call)."""
+    return min(timeit.repeat(f, number=number, repeat=repeat, globals=names)) / number
 
 class _Dispatched:
     "A type whose `__array_ufunc__` does nothing: what NumPy's dispatch alone costs."
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs): return inputs[0]
 
-def _python_call(ufunc, method, *inputs, **kwargs): return inputs[0]
+def _handler(ufunc, method, *inputs, **kwargs):
+    "The same do-nothing handler, called directly: the Python call that dispatch ends in."
+    return inputs[0]
 
 def scalar_floors(repeat=7, number=100_000):
-    "{piece: µs per operation} for the mixed chain (sin, × 0.5, + 0.1, exp), and the whole step."
+    "{piece: µs per operation} for the mixed chain (sin, × 0.5, + 0.1, exp), the whole step, and a minimal tape."
     import numpy as np
     import fastad as fd
     from fastad.primitives import REGISTRY
     from bench.workloads import scalar
+    time = lambda statement, **names: best(statement, number, repeat, names)
     d, x = _Dispatched(), 0.3
-    dispatch = (best(lambda: np.sin(d), number, repeat) - best(lambda: _python_call(np.sin, '__call__', d), number, repeat))
-    calls = [(np.sin, (x,)), (np.multiply, (x, 0.5)), (np.add, (x, 0.1)), (np.exp, (x,))]
-    rules = [best(lambda f=f, a=a: REGISTRY[f].rule.vwc(*a), number, repeat) for f, a in calls]
-    used = [REGISTRY[f].rule.vwc(*a)[1] for f, a in calls]          # the chain the tape keeps: x's
-    used = [c[0] if isinstance(c, tuple) else c for c in used]
-    chains = [best(lambda c=c: c(1.0), number, repeat) for c in used]
-    f, _ = scalar._bind('mixed', np)
+    dispatch = time('sin(d)', sin=np.sin, d=d) - time("handler(sin, '__call__', d)", handler=_handler, sin=np.sin, d=d)
+    calls = [(np.sin, (x,)), (np.multiply, (x, 0.5)), (np.add, (x, 0.1)), (np.exp, (x,))]   # x * 0.5 and x + 0.1
+    rules = [time('vwc(*a)', vwc=REGISTRY[f].rule.vwc, a=a) for f, a in calls]            # go to `apply_scalar`,
+    kept = [REGISTRY[f].rule.vwc(*a)[1] for f, a in calls]                                   # which keeps x's chain
+    chains = [time('chain(1.0)', chain=c[0] if isinstance(c, tuple) else c) for c in kept]
+    f, _ = scalar.program('mixed')
     ops = scalar.cases_ops('mixed')
-    whole = best(lambda: fd.value_with_gradient(f, x), 20, repeat) / ops
-    tape = scalar.CONTENDERS['numpy'](scalar.sizes(True)).cases['mixed']
-    minimal = best(tape, 20, repeat) / ops
+    whole = best(lambda: fd.value_with_gradient(lambda x: f(x, np), x), 20, repeat) / ops
+    minimal = best(scalar.CONTENDERS['numpy'](scalar.sizes(True)).cases['mixed'], 20, repeat) / ops
     pieces = {"NumPy's ufunc dispatch (2 of 4 operations)": dispatch / 2, 'the rules (VWC calls)': sum(rules) / 4,
               'their chains, called in the sweep': sum(chains) / 4}
     return {k: v * 1e6 for k, v in pieces.items()}, whole * 1e6, {'a minimal pure-Python tape': minimal * 1e6}

@@ -179,3 +179,8 @@ def test_a_chain_that_reads_nothing_is_made_once_not_per_operation(vwc, args):
     g = np.full(np.shape(vwc(*args)[0]), 2.0)
     expected = {P.subtract_vwc: (2.0, -2.0), P.negative_vwc: (-2.0,)}.get(vwc, (2.0, 2.0))
     assert [float(np.mean(c(g))) for c in chains(first)] == list(expected[:len(chains(first))])
+
+def test_remainders_x_chain_is_shared_its_y_chain_keeps_the_quotient():
+    (_, (dx1, dy1)), (_, (dx2, dy2)) = P.remainder_vwc(7.5, 2.0), P.remainder_vwc(7.5, 2.0)
+    assert dx1 is dx2 and dx1.__closure__ is None and dx1(3.0) == 3.0
+    assert dy1 is not dy2 and dy1(1.0) == -3.0                     # -g * floor(7.5 / 2): it reads x and y
