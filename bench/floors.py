@@ -56,7 +56,7 @@ def cnn_floors(repeat=7, number=500):
     pooled, scatter = cnn.max_pool2d_vwc(conv)
     flat = pooled.reshape(len(x), -1)
     logits = flat @ wd + bd
-    loss, (dlogits, _) = cnn.softmax_cross_entropy_vwc(logits, labels)
+    _, (dlogits, _) = cnn.softmax_cross_entropy_vwc(logits, labels)
     g_logits = dlogits(np.float32(1))
     g_pooled = (g_logits @ wd.T).reshape(pooled.shape)
     g_conv = scatter(g_pooled)
