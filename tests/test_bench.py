@@ -1,6 +1,6 @@
 """The benchmark suite's plumbing: one tiny run writes its table and chart, checks results, and reports a missing
 peer as skipped. No timing is asserted: the suite prints ratios, it does not judge them."""
-import json, os, subprocess, sys
+import json, math, os, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
@@ -107,5 +107,8 @@ def test_floors_split_a_step_into_fixed_pieces_and_what_is_left(capsys):
     assert report('a step', 'µs', {'one piece': 1.0, 'another': 2.0}, 5.0, {'a peer': 2.5}) == 3.0
     out = capsys.readouterr().out
     assert '2.000 µs (40% of the step)' in out and 'fastad / it = 2.00' in out
-    for pieces, whole, _ in (scalar_floors(repeat=1, number=2_000), cnn_floors(repeat=1, number=3)):
-        assert len(pieces) >= 3 and all(0 < v < float('inf') for v in pieces.values()) and whole > 0, pieces
+    scalar, cnn = scalar_floors(repeat=1, number=2_000), cnn_floors(repeat=1, number=3)
+    assert any('dispatch' in k for k in scalar[0]) and any('filter' in k for k in cnn[0])
+    for pieces, whole, _ in (scalar, cnn):            # figures only, never judged: a piece that is a difference of two
+        assert len(pieces) >= 3 and all(math.isfinite(v) for v in (*pieces.values(), whole)), pieces   # timings (the
+                                                      # dispatch) can even come out below 0 on a busy machine
