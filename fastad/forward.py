@@ -6,31 +6,71 @@
 __all__ = ['value_with_differential', 'differential', 'jacobian', 'hessian', 'hessian_vector_product', 'ravel']
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00004
+import inspect, linecache, os, sys, traceback
 import numpy as np
 from .backend import array_module
-from .engine import Traced
-from .errors import DifferentiationError, _name
+from .engine import Traced, backward, unbox
+from .errors import DifferentiationError, NonScalarOutputError, _name
 from .tree import flatten, leaves_like, is_container
 from .transforms import (value_with_pullback, gradient, value_with_gradient, without_derivative,
                                _differentiated, _zeros_like, _value_with_pullback)
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00007
-def _zeros_shaped_like(value):
-    "A cotangent of zeros shaped like `value` (any structure): where the transposed pullback is taken."
-    leaves, rebuild = flatten(value, where='the result', static_ok=True)
-    return rebuild([_zeros_like(leaf) for leaf in leaves])
+def _generic(leaf):
+    "A cotangent for `leaf` with no zero entry (each in [1, 2), all different); zeros for an integer leaf."
+    zero = _zeros_like(leaf)
+    if type(zero) is float: return 1.0
+    if zero.dtype.kind not in 'fc': return zero
+    if isinstance(zero, np.generic): return type(zero)(1)
+    steps = np.arange(np.size(zero)) * 0.6180339887498949 % 1           # the golden ratio's multiples, mod 1
+    return zero + array_module(zero).asarray((1 + steps).reshape(np.shape(zero)), dtype=zero.dtype)
 
-def value_with_differential(f, *args):
-    """`(f(*args), differential)`: `differential(*tangents)`, one tangent per argument shaped like it, is the
-    Jacobian-vector product, the tangent of the result (forward mode). Built from the pullback, which is
-    linear in its cotangent: the pullback of the pullback is its transpose, the differential."""
+def _generic_like(value):
+    "A cotangent shaped like `value` (any structure) with no zero entry: where the transposed pullback is taken."
+    leaves, rebuild = flatten(value, where='the result', static_ok=True)
+    return rebuild([_generic(leaf) for leaf in leaves])
+
+# %% ../nbs/03f_forward_mode.ipynb #f3f00014
+_CONVERTED = ('cannot become a plain NumPy array', '`out=` argument cannot be differentiated')
+_LIBRARIES = tuple(os.path.dirname(inspect.getfile(m)) + os.sep for m in (np, sys.modules[Traced.__module__]))
+
+def _pullback_line(tb):
+    "`(file, line)` of the innermost frame of traceback `tb` under a reverse sweep and outside fastad and NumPy, or None."
+    found, swept = None, False
+    for frame, line in traceback.walk_tb(tb):
+        if frame.f_code is backward.__code__: swept = True
+        elif swept and not frame.f_code.co_filename.startswith(_LIBRARIES): found = (frame.f_code.co_filename, line)
+    return found
+
+def _on_traced_cotangents(what, how, instead, run):
+    """`run()`, which runs pullbacks on traced cotangents (`how` says why); a pullback that turns one into a plain
+    array gets an error naming its line and what to write instead."""
+    try: return run()
+    except DifferentiationError as e:
+        where = _pullback_line(e.__traceback__) if any(s in str(e) for s in _CONVERTED) else None
+        if where is None: raise
+        file, line = where
+        raise DifferentiationError(
+            f"{what}: {how}, and the pullback at {file}:{line} turns it into a plain NumPy array:\n"
+            f"    {linecache.getline(file, line).strip()}\nWrite the pullback as operations on g (np.where(m, g, 0) "
+            f"or g * m, rather than writes into a plain array, np.asarray(g) or out=){instead}") from e
+
+# %% ../nbs/03f_forward_mode.ipynb #f3f00015
+def value_with_differential(f, *args, argnums=None):
+    """`(f(*args), differential)`: `differential(*tangents)`, one tangent per argument shaped like it (only those
+    `argnums` picks), is the Jacobian-vector product, the tangent of the result (forward mode). Built from the
+    pullback, which is linear in its cotangent: the pullback of the pullback is its transpose, the differential."""
+    f, args, _ = _differentiated('value_with_differential', f, args, argnums)
     value, pb = _value_with_pullback(f, args, once=True)   # run once, below: each tape entry is freed as it runs
     name = _name(f)
     def transposed(u):
         without_derivative(u)             # f's own pass warned already if its result does not depend on args
         return pb(u)
     transposed.__name__ = f"differential_of_{name}"
-    _, tpb = value_with_pullback(transposed, _zeros_shaped_like(value))
+    _, tpb = _on_traced_cotangents(
+        f"differential of {name}", "forward mode (differential; jacobian of a result larger than its argument) runs "
+        "each pullback on a traced cotangent, to transpose it", ", or use reverse mode (pullback, gradient)",
+        lambda: value_with_pullback(transposed, _generic_like(value)))
     def differential(*tangents):
         if len(tangents) != len(args):
             raise DifferentiationError(f"differential of {name}: give one tangent per argument ({len(args)}), "
@@ -44,9 +84,10 @@ def value_with_differential(f, *args):
     differential.__name__ = f"differential_of_{name}"
     return value, differential
 
-def differential(f, *args):
-    "The differential of `f` at `args`: a function from tangents of the arguments (one per argument) to the tangent of the result."
-    return value_with_differential(f, *args)[1]
+def differential(f, *args, argnums=None):
+    """The differential of `f` at `args`: a function from tangents of the arguments (one per argument; only those
+    `argnums` picks) to the tangent of the result."""
+    return value_with_differential(f, *args, argnums=argnums)[1]
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00015
 def _one_hots(leaf):
@@ -54,7 +95,7 @@ def _one_hots(leaf):
     if type(leaf) is float:
         yield 1.0
         return
-    module, size = array_module(leaf), int(np.size(leaf))
+    module, size = array_module(unbox(leaf)), int(np.size(leaf))     # a traced leaf: its value's module
     for i in range(size):
         e = module.zeros(size, dtype=leaf.dtype)
         e[i] = 1
@@ -72,12 +113,13 @@ def _block(parts, out_leaf, in_leaf, by_rows):
     """The Jacobian block of output leaf and input leaf, shaped output's shape + input's shape, from its rows
     (one per output element, shaped like the input) or its columns (one per input element, shaped like the output)."""
     out_shape, in_shape = np.shape(out_leaf), np.shape(in_leaf)
+    dtype = np.result_type(getattr(out_leaf, 'dtype', 0.0), getattr(in_leaf, 'dtype', 0.0))
+    if not parts: return array_module(unbox(out_leaf), unbox(in_leaf)).zeros(out_shape + in_shape, dtype)   # an empty leaf: no rows (columns)
     if not by_rows: parts = [np.reshape(p, (-1,)) for p in parts]
-    block = np.stack(parts) if parts else np.zeros((0,))
+    block = np.stack(parts)
     if by_rows: block = np.reshape(block, out_shape + in_shape)
     else: block = np.reshape(np.transpose(np.reshape(block, (int(np.prod(in_shape)), -1))), out_shape + in_shape)
     if type(out_leaf) is float and type(in_leaf) is float and type(block) is not Traced: return float(block)
-    dtype = np.result_type(getattr(out_leaf, 'dtype', 0.0), getattr(in_leaf, 'dtype', 0.0))
     return block if type(block) is Traced or block.dtype == dtype else block.astype(dtype)
 
 # %% ../nbs/03f_forward_mode.ipynb #f3f00008
@@ -117,9 +159,24 @@ def jacobian(f, *args, argnums=None):
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00019
 def hessian(f, *args, argnums=None):
-    """The Hessian of scalar `f` at `args`: the Jacobian of its gradient (reverse over reverse), input axes twice;
-    with several arguments (or a tuple `argnums`), a tuple of tuples of blocks, as in JAX."""
-    return jacobian(gradient(f, argnums=argnums), *args, argnums=argnums)
+    """The Hessian of `f` at `args`: for a scalar `f`, the Jacobian of its gradient (reverse over reverse), input
+    axes twice; else the Jacobian of its Jacobian, output axes first. With several arguments (or a tuple
+    `argnums`), a tuple of tuples of blocks, as in JAX."""
+    name, larger = _name(f), []
+    def noted(*xs):
+        out = f(*xs)
+        larger.append(is_container(out) or np.ndim(out) != 0)
+        return out
+    noted.__name__ = name
+    def jacobian_of_f(*xs): return jacobian(f, *xs, argnums=argnums)
+    jacobian_of_f.__name__ = f"jacobian_of_{name}"
+    def both():
+        try: return jacobian(gradient(noted, argnums=argnums), *args, argnums=argnums)
+        except NonScalarOutputError:
+            if not (larger and larger[-1]): raise            # not about f's own result: from inside f
+        return jacobian(jacobian_of_f, *args, argnums=argnums)
+    return _on_traced_cotangents(f"hessian of {name}", "a Hessian runs each pullback on a traced cotangent (reverse "
+                                 "over reverse)", "", both)
 
 def _vdot(a, b_leaves):
     "The inner product of structure `a` with the leaves of one shaped alike (`None`: zeros)."
@@ -136,7 +193,9 @@ def hessian_vector_product(f, x, v):
         if part is not None and np.shape(part) != np.shape(leaf):
             raise DifferentiationError(f"hessian_vector_product: v has shape {np.shape(part)} where x has shape "
                                        f"{np.shape(leaf)}: v is shaped like x")
-    return gradient(lambda x: _vdot(gradient(f, x), vs), x)
+    def twice(): return gradient(lambda x: _vdot(gradient(f, x), vs), x)
+    return _on_traced_cotangents(f"hessian_vector_product of {_name(f)}", "it runs each pullback on a traced "
+                                 "cotangent (reverse over reverse)", "", twice)
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d0001f
 def ravel(tree):
@@ -157,7 +216,9 @@ def ravel(tree):
         for shape, size, is_float, dtype in zip(shapes, sizes, kinds, dtypes):
             piece = np.reshape(vector[start:start + size], shape)
             if is_float and type(piece) is not Traced: piece = float(piece)
-            elif dtype is not None and type(piece) is not Traced and piece.dtype != dtype: piece = piece.astype(dtype)
+            else:                                     # traced too: a differentiable cast, its cotangent in vector's dtype
+                dtype = np.float64 if is_float else dtype
+                if dtype is not None and piece.dtype != dtype: piece = piece.astype(dtype)
             new.append(piece)
             start += size
         return rebuild(new)

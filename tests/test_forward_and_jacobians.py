@@ -265,3 +265,121 @@ def test_hessian_vector_product_checks_v_and_takes_none_for_zeros():
 def test_jacobian_inside_gradient():
     g = fd.gradient(lambda a: np.trace(fd.jacobian(lambda x: np.sin(x * a), np.ones(3))), 2.0)
     assert np.isclose(g, 3 * (np.cos(2.0) - 2 * np.sin(2.0)))
+
+# pullbacks that cannot take a traced cotangent
+
+def relu_with(kind):
+    "max(x, 0) with a custom pullback written as `kind`: fine on plain cotangents, not on traced ones."
+    def vjp(x):
+        m = x > 0
+        def pb(g):
+            if kind == 'setitem':
+                out = np.zeros_like(x); out[m] = g[m]; return out
+            if kind == 'asarray': return np.asarray(g) * m
+            buf = np.empty_like(x); np.multiply(g, m, out=buf); return buf
+        return np.maximum(x, 0), pb
+    return fd.differentiable_function(vjp, name=f'relu_{kind}')
+
+LINES = {'setitem': 'out = np.zeros_like(x); out[m] = g[m]; return out', 'asarray': "if kind == 'asarray': return np.asarray(g) * m",
+         'out': 'buf = np.empty_like(x); np.multiply(g, m, out=buf); return buf'}
+
+@pytest.mark.parametrize('kind', LINES)
+def test_a_pullback_that_makes_a_plain_array_is_named_in_forward_mode(kind):
+    relu, x = relu_with(kind), np.array([-1., 0.5, 2.])
+    np.testing.assert_array_equal(fd.gradient(lambda x: relu(x).sum(), x), [0., 1., 1.])   # reverse mode: fine
+    for run, mode in [(lambda: fd.differential(relu, x)(np.ones(3)), 'forward mode'),
+                      (lambda: fd.jacobian(lambda x: np.outer(relu(x), x), x), 'forward mode'),
+                      (lambda: fd.hessian(lambda x: (relu(x) ** 2).sum(), x), 'reverse over reverse')]:
+        with pytest.raises(DifferentiationError) as info: run()
+        message = str(info.value)
+        assert mode in message and f"{__file__}:" in message and LINES[kind] in message, message
+        assert 'np.where(m, g, 0)' in message
+        assert isinstance(info.value.__cause__, DifferentiationError)
+
+def test_a_forward_function_that_makes_a_plain_array_keeps_its_own_error():
+    with pytest.raises(DifferentiationError, match='cannot become a plain NumPy array') as info:
+        fd.differential(lambda x: np.asarray(x) * x, np.ones(2))
+    assert 'forward mode' not in str(info.value)
+
+# empty arguments, argnums in forward mode
+
+def test_jacobian_of_an_empty_argument_or_result():
+    J = fd.jacobian(lambda x: np.ones(3) * x.sum(), np.zeros(0))              # by columns, none of them: JAX's (3, 0)
+    assert J.shape == (3, 0) and J.dtype == np.float64
+    assert fd.jacobian(lambda x: x[:0] * 2, np.ones(2)).shape == (0, 2)       # by rows, none of them
+    J32 = fd.jacobian(lambda x: np.ones((2, 2), np.float32) * x.sum(), np.zeros((0, 3), np.float32))
+    assert J32.shape == (2, 2, 0, 3) and J32.dtype == np.float32
+
+def test_differential_takes_argnums():
+    f = lambda w, data, label: np.sin(data @ w) * len(label)
+    w, data = np.array([0.5, -1.]), np.array([[1., 2.], [3., 4.], [0., 1.]])
+    t = np.array([1., 2.])
+    expected = 2 * np.cos(data @ w) * (data @ t)
+    value, d = fd.value_with_differential(f, w, data, 'ab', argnums=0)
+    np.testing.assert_allclose(value, f(w, data, 'ab')); np.testing.assert_allclose(d(t), expected)
+    np.testing.assert_allclose(fd.differential(f, w, data, 'ab', argnums=-3)(t), expected)
+    np.testing.assert_allclose(fd.differential(f, w, data, 'ab', argnums=(0,))(t), expected)
+    both = fd.differential(f, w, data, 'ab', argnums=(1, 0))(np.zeros_like(data), t)       # in the order asked
+    np.testing.assert_allclose(both, expected)
+    with pytest.raises(DifferentiationError, match=r'argnums=3 is out of range'): fd.differential(f, w, data, 'ab', argnums=3)
+
+# hessian of a vector-valued function
+
+def test_hessian_of_a_vector_valued_function_is_output_then_input_twice():
+    C = rng.standard_normal((3, 4))
+    f = lambda x: np.tanh(C @ x) * x[:3] ** 2                                  # R^4 -> R^3
+    x = rng.standard_normal(4)
+    H = fd.hessian(f, x)
+    assert H.shape == (3, 4, 4)
+    np.testing.assert_allclose(H, np.transpose(H, (0, 2, 1)), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(H, numerical_jacobian(lambda x: fd.jacobian(f, x), x), rtol=1e-6, atol=1e-8)
+    for i in range(3): np.testing.assert_allclose(H[i], fd.hessian(lambda x: f(x)[i], x), rtol=1e-10, atol=1e-12)
+    wide = lambda x: np.outer(np.sin(x), x)                                    # R^2 -> R^(2x2): (2, 2, 2, 2)
+    np.testing.assert_allclose(fd.hessian(wide, np.array([0.3, 2.])), numerical_jacobian(lambda x: fd.jacobian(wide, x), np.array([0.3, 2.])),
+                               rtol=1e-6, atol=1e-8)
+
+def test_hessian_of_a_structured_result_nests_like_jax():
+    f = lambda x, y: {'v': np.sin(x) * y, 's': (x ** 2).sum() * y}
+    x, y = np.array([0.5, 1.5]), 2.0
+    H = fd.hessian(f, x, y)                                    # result -> (d/dx, d/dy) -> (d/dx, d/dy)
+    assert set(H) == {'v', 's'}
+    (vxx, vxy), (vyx, vyy) = H['v']
+    assert vxx.shape == (2, 2, 2) and vxy.shape == (2, 2) and vyx.shape == (2, 2) and vyy.shape == (2,)
+    np.testing.assert_allclose(vxx, np.einsum('ij,jk->ijk', np.diag(-np.sin(x) * y), np.eye(2)))
+    np.testing.assert_allclose(vxy, np.diag(np.cos(x))); np.testing.assert_allclose(vyy, 0)
+    np.testing.assert_allclose(H['s'][0][0], 2 * y * np.eye(2)); np.testing.assert_allclose(H['s'][0][1], 2 * x)
+    Ha = fd.hessian(f, x, y, argnums=(0,))
+    assert type(Ha['v']) is tuple and type(Ha['v'][0]) is tuple and Ha['v'][0][0].shape == (2, 2, 2)
+    assert fd.hessian(f, x, y, argnums=0)['v'].shape == (2, 2, 2)
+
+def test_a_scalar_hessian_is_unchanged_and_a_nested_error_still_shows():
+    assert fd.hessian(lambda x: x ** 3, 2.0) == 12.0
+    with pytest.raises(DifferentiationError, match='needs a scalar result'):   # raised inside f, about another function
+        fd.hessian(lambda x: fd.gradient(lambda y: y * x, x), np.ones(2))
+
+# ravel inside a transform
+
+def test_unravel_keeps_each_leafs_dtype_inside_a_gradient():
+    tree = {'a': np.float32(1e8) * np.ones(1, np.float32), 'b': np.ones(2)}
+    vector, unravel = fd.ravel(tree)                                           # float64: the leaves' common dtype
+    def f(v):
+        a = unravel(v)['a']
+        assert a.dtype == np.float32
+        return (((a + 1) - a) * v[0]).sum()                                   # float32: 1e8 + 1 rounds back to 1e8
+    assert f(vector) == 0.0
+    g = fd.gradient(f, vector)
+    assert g.dtype == vector.dtype
+    np.testing.assert_array_equal(g, [0., 0., 0.])                             # was 1.0 traced, 1e8 + 1 in float64
+    g32 = fd.gradient(lambda v: (unravel(v)['b'] ** 2).sum(), vector.astype(np.float32))
+    assert g32.dtype == np.float32 and unravel(vector.astype(np.float32))['b'].dtype == np.float64
+
+def test_hessian_of_a_vector_valued_function_on_every_backend(any_backend):
+    "The inner Jacobian runs on traced values: its one-hots are made on the device of the values under them."
+    from fastad.backend import to_device, to_host
+    x = np.array([0.3, 0.5, 1.0])
+    f = lambda x: (np.sin(x) * x.sum())[:2]
+    H = to_host(fd.hessian(f, to_device(x)))
+    assert H.shape == (2, 3, 3)
+    np.testing.assert_allclose(H, numerical_jacobian(lambda x: fd.jacobian(f, x), x), rtol=1e-6, atol=1e-8)
+    J0 = fd.jacobian(lambda x: x.sum() * 2, to_device(np.zeros((0, 2))))
+    assert J0.shape == (0, 2)

@@ -180,3 +180,29 @@ def test_the_ways_around_cupys_missing_keywords(monkeypatch, name):
     a = spd(3, (2,), 3) + np.triu(general(4, (2,), 3, 3), 1) * 0.1       # its upper triangle differs from the lower
     np.testing.assert_allclose(fd.value_with_pullback(SYMMETRIC[name], a)[0], SYMMETRIC[name](a), rtol=1e-12, atol=1e-12)
     check_both(SYMMETRIC[name], a)
+
+FORWARD_UNDEFINED = [      # (f, a, tangent): reverse mode refuses some cotangent there, so forward mode refuses too
+    ('eigh: vectors of a repeated eigenvalue', lambda a: np.linalg.eigh(a)[1], np.diag([1., 1., 3.]),
+     np.array([[0., 1., 0.], [1., 0., 0.], [0., 0., 0.]]), "two eigenvalues are equal"),
+    ('svd: the extra columns of a full u', lambda a: np.linalg.svd(a)[0], np.arange(6.).reshape(3, 2), np.ones((3, 2)),
+     "full_matrices=True, the extra columns"),
+    ('svd: a zero singular value', lambda a: np.linalg.svd(a, full_matrices=False)[0], np.array([[1., 0.], [0., 0.], [0., 0.]]),
+     np.array([[0., 1.], [1., 0.], [1., 0.]]), "a singular value is zero"),
+]
+
+@pytest.mark.parametrize('name, f, a, t, message', FORWARD_UNDEFINED, ids=[u[0] for u in FORWARD_UNDEFINED])
+def test_forward_mode_refuses_where_reverse_mode_would(name, f, a, t, message):
+    "Forward mode transposes the pullback: a rule that refuses on the cotangent's values must refuse there too."
+    with pytest.raises(DifferentiationError, match=message): fd.differential(f, a)(t)      # was zeros, or [[0, -1], [1, 0], [1, 0]]
+    with pytest.raises(DifferentiationError, match=message): fd.jacobian(f, a)               # by columns: 9 or 6 > 4 or 6 outputs
+    with pytest.raises(DifferentiationError, match=message): fd.pullback(f, a)(np.ones_like(f(a)))
+
+def test_forward_mode_still_differentiates_what_it_can_at_those_points():
+    "The simple eigenvalue's vector, and the first k columns of a full u, keep their derivatives in forward mode."
+    a, t = np.diag([1., 1., 3.]), np.array([[0., 1., 2.], [1., 0., 0.], [2., 0., 0.]])
+    f = lambda a: np.linalg.eigh(a)[1][:, 2] ** 2 + np.linalg.eigh(a)[0]
+    np.testing.assert_allclose(fd.differential(f, a)(t), fd.jacobian(f, a).reshape(3, 9) @ t.ravel(), atol=1e-12)
+    m = general(1, (), 4, 2)
+    full, reduced = (lambda a: np.linalg.svd(a)[0][:, :2] ** 2), (lambda a: np.linalg.svd(a, full_matrices=False)[0] ** 2)
+    tm = general(2, (), 4, 2)
+    np.testing.assert_allclose(fd.differential(full, m)(tm), fd.differential(reduced, m)(tm), atol=1e-12)
