@@ -168,10 +168,15 @@ def _is_parameter(x):
 def _holds_leaves(x): return _any_item(x, _is_parameter)
 
 # %% ../nbs/03c_tree.ipynb #t3c00008
+def _says_float(annotation):
+    "Does a field's annotation say float (`float`, `'float'`, `np.float32`)?"
+    return (annotation is float or annotation == 'float'
+            or isinstance(annotation, type) and issubclass(annotation, np.floating))
+
 class _Fields:
     "A dataclass's `__init__` fields, which of them are differentiable, and how to build one from them: worked out once per class."
     __slots__ = ('cls', 'fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', 'declared', 'own_init', 'checks',
-                 '__weakref__')
+                 'floats', '__weakref__')
     def __init__(self, cls):
         initvars = [f.name for f in cls.__dataclass_fields__.values() if f._field_type is dataclasses._FIELD_INITVAR]
         if initvars and issubclass(cls, Differentiable):         # rebuilt from its fields, a model would lose them
@@ -190,19 +195,23 @@ class _Fields:
         except (TypeError, ValueError): self.takes = False
         self.declared = set(cls.__dataclass_fields__)
         self.own_init = issubclass(cls, Differentiable) and not self.stores and cls not in _WRITTEN_INIT
-        self.checks = self.own_init                   # whether `check_undeclared` has anything to look at
+        self.checks = self.own_init                   # whether `check_undeclared` has anything to look at (`build` checks the rest)
+        self.floats = {f.name for f in self.fields if _says_float(f.type)}     # a whole number there is a mistake
     def build(self, x, values, construct=True):
         """A new object of `x`'s class with these field values. With `construct=False` (a gradient, a step, a
         `tree_map` result) no code of the class runs: it is `x` with new fields, and nothing validates them."""
         if self.stores:                           # what its constructor would do, without the checks
             new = object.__new__(type(x))
-            if self.in_dict: new.__dict__.update(zip(self.names, values))     # fields live in the instance's dict
+            if self.in_dict:
+                new.__dict__.update(zip(self.names, values))                  # fields live in the instance's dict
+                if len(x.__dict__) > len(self.names): self.carry_settings(x, new)   # `m.temperature = 4.0` too
             else:
                 for name, v in zip(self.names, values): object.__setattr__(new, name, v)
             return new
         if construct and self.takes:
             new = type(x)(**dict(zip(self.names, values)))
             if self.own_init is False and _has_traced(values): self.check_derived(new)
+            if getattr(x, '__dict__', None): self.carry_settings(x, new)
             return new
         new = copy.copy(x)                        # no constructor, or one that does not take the fields: copied, field by field
         for name, v in zip(self.names, values): object.__setattr__(new, name, v)
@@ -221,16 +230,30 @@ def undeclared(self: _Fields, x):
     "The attributes of model `x` that hold arrays or models but are not fields: `[(name, value)]`."
     return [(k, v) for k, v in getattr(x, '__dict__', {}).items() if k not in self.declared and _holds_leaves(v)]
 @patch
-def check_undeclared(self: _Fields, x, where):
-    "Refuse parameters set by an `__init__` of the model's own (PyTorch's habit): fastad would not see them."
-    if not self.own_init or self.stores: return
-    found = self.undeclared(x)
-    if found:
-        name, v = found[0]
+def check_undeclared(self: _Fields, x, where, found=None):
+    """Refuse parameters that are not fields (`found`, or all of `x`'s): set by an `__init__` of the model's own
+    (PyTorch's habit), or on the model after it was made (`m.extra = np.ones(3)`). fastad would not see them."""
+    found = self.undeclared(x) if found is None else found
+    if not found: return
+    name, v, cls = *found[0], type(x).__name__
+    if self.own_init:
         raise DifferentiationError(
-            f"{_label(where)}.{name} is {_describe(v)} that {type(x).__name__}.__init__ set, but it is not a field "
-            f"of {type(x).__name__}: fastad differentiates a model's fields, so it would be left out (and "
+            f"{_label(where)}.{name} is {_describe(v)} that {cls}.__init__ set, but it is not a field "
+            f"of {cls}: fastad differentiates a model's fields, so it would be left out (and "
             f"rebuilding the model would run __init__ again). To train it, {_FIELD_FORM}")
+    raise DifferentiationError(
+        f"{_label(where)}.{name} is {_describe(v)} set on the model after it was made, but it is not a field of {cls}: "
+        f"fastad differentiates a model's fields and builds its copies from them, so it would be left out. To train "
+        f"it, {_FIELD_FORM}; to keep it fixed, declare `{name}: object = fd.nondifferentiable(default=None)` and pass it in")
+@patch
+def carry_settings(self: _Fields, x, new):
+    """Give `new`, built from `x`'s fields, what `x` holds beyond them that `new`'s constructor did not derive again:
+    a setting (`m.temperature = 4.0` over a class attribute) is copied, so the copy computes what `x` does; an array is refused."""
+    into = new.__dict__
+    for name, v in x.__dict__.items():
+        if name in self.declared or name in into: continue      # a field, or derived again from the new fields
+        if _holds_leaves(v): self.check_undeclared(x, type(x).__name__, [(name, v)])
+        into[name] = v                                          # the instance's own value, not the class's
 @patch
 def check_derived(self: _Fields, new):
     "Attributes that `__post_init__` set from traced fields are derived; one that stayed constant is a parameter nobody declared."
@@ -330,7 +353,9 @@ def _walk(x, where, static_ok, leaves):
             v = getattr(x, name)
             if not d: specs.append(_Static(v))
             elif type(v) is _ndarray and v.dtype.kind == 'f': leaves.append(v); specs.append(None)   # a weight: no call
-            else: specs.append(_walk(v, (where, name, '.{}'), True, leaves))
+            else:
+                specs.append(_walk(v, (where, name, '.{}'), True, leaves))
+                if type(specs[-1]) is _Static: fields.check_number(x, name, v, where)   # riding along: integers?
         return (x, specs, fields)
     elif is_leaf(x):                                     # a float, a traced value, a NumPy scalar, a device array
         leaves.append(x)
@@ -361,6 +386,29 @@ def _rebuild(spec, leaves, construct):
     values = [next(leaves) if s is None else s.value if type(s) is _Static else _rebuild(s, leaves, construct)
               for s in specs]                            # a leaf or a setting without a call: most items are one
     return rebuilt(x, values, construct) if fields is None else fields.build(x, values, construct)
+
+# %% ../nbs/03c_tree.ipynb #t3c00020
+def _annotation(field):
+    t = field.type
+    return t if isinstance(t, str) else 'np.ndarray' if t is np.ndarray else getattr(t, '__name__', 'object')
+
+@patch
+def check_number(self: _Fields, x, name, v, where):
+    "Refuse integers in differentiable field `name` of model `x`: an array of them, or a whole number where the annotation says float."
+    if _is_traced(v): return
+    kind = 'i' if type(v) is int else getattr(getattr(v, 'dtype', None), 'kind', None)
+    if kind is None or kind not in 'iubc': return
+    if (type(v) is int or isinstance(v, np.generic)) and name not in self.floats: return    # a count, a flag: a setting
+    field = self.cls.__dataclass_fields__[name]
+    if kind == 'c': instead = "split it into real and imaginary parts"
+    elif np.ndim(v) == 0 and not isinstance(v, np.ndarray): instead = f"write {float(v)!r}, not {v!r}"
+    else:
+        example = f"np.array({np.asarray(v, float).tolist()})" if np.size(v) <= 4 else f"{name}.astype(np.float32)"
+        instead = f"write it with floats, {example}"
+    raise DifferentiationError(
+        f"{_label(where)}.{name} is {_describe(v)}, in a differentiable field of {type(x).__name__}: fastad cannot "
+        f"differentiate it, and as a constant its gradient would be its own value and no optimizer would move it. "
+        f"To train it, {instead}; to keep it fixed, mark it static: `{name}: {_annotation(field)} = fd.nondifferentiable()`")
 
 # %% ../nbs/03c_tree.ipynb #t3c00017
 def leaves_like(template, x, where):

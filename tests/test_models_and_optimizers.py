@@ -221,3 +221,60 @@ def test_a_gradient_is_built_without_the_models_validation():
     fd.SGD(m, learning_rate=0.1).update(m, along=g)
     assert (m.mu, m.sigma) == (-0.1, 1.2)
     with pytest.raises(ValueError, match="sigma must be positive"): Gaussian(0.0, -1.0)    # the model still checks itself
+
+# --- state that carries over: optimizer state, half-done updates, settings on the instance, integer fields ----------
+class Tempered(fd.Differentiable):
+    w: np.ndarray
+    temperature = 1.0                                     # a class attribute, not a field
+    def __call__(self, x): return np.log(np.exp(x * self.w / self.temperature).sum())
+
+def test_a_class_attribute_set_again_on_the_instance_is_read_from_the_instance():
+    m, x = Tempered(np.array([0.3, -0.2, 0.5])), np.array([1.0, 2.0, 3.0])
+    m.temperature = 4.0
+    value, g = fd.value_with_gradient(lambda m: m(x), m)
+    close(value, m(x)); close(value, 1.2348064199)               # was 1.872 inside the transform: temperature read as 1.0
+    e = 1e-6
+    def at(w): t = Tempered(w); t.temperature = 4.0; return t(x)
+    close(g.w, [(at(m.w + e * d) - at(m.w - e * d)) / (2 * e) for d in np.eye(3)], 1e-6)
+    assert g.temperature == 4.0 and fd.tree_map(lambda w: 2 * w, m).temperature == 4.0
+    vector, unravel = fd.ravel(m); assert unravel(vector).temperature == 4.0
+    for opt in (fd.SGD(m, 0.1, momentum=0.9), fd.Adam(m)):
+        opt.update(m, along=g); assert m.temperature == 4.0
+    assert opt.m.temperature == 4.0
+
+def test_an_array_set_on_the_instance_is_refused_with_the_field_form():
+    m = Tempered(np.ones(3)); m.temperature = np.array(4.0)
+    with pytest.raises(DifferentiationError, match=r"(?s)Tempered.temperature is a ndarray set on the model after it was made, "
+                                                   r"but it is not a field of Tempered.*temperature: object = fd.nondifferentiable"):
+        fd.gradient(lambda m: m(np.ones(3)), m)
+    class Derived(fd.Differentiable):
+        w: np.ndarray
+        scale = 1.0
+        def __post_init__(self): self.twice = self.w * 2
+    d = Derived(np.ones(2)); d.scale = 2.0
+    close(fd.gradient(lambda d: (d.twice / d.scale).sum(), d).w, [1.0, 1.0])        # was [2, 2]: scale read as 1.0
+    d.extra = np.ones(2)
+    with pytest.raises(DifferentiationError, match="Derived.extra is a ndarray set on the model after it was made"):
+        fd.gradient(lambda d: (d.twice * d.extra).sum(), d)
+
+class Offsets(fd.Differentiable):
+    w: np.ndarray
+    def __call__(self, x): return ((x * self.w - np.array([1.0, 2.0])) ** 2).sum()
+
+class Scale(fd.Differentiable):
+    s: float
+    n: int = 2
+
+def test_a_field_holding_integers_is_refused_not_a_silent_constant():
+    with pytest.raises(DifferentiationError, match=r"argument 0.w is an integer \(ndarray of int64\), in a differentiable field "
+                                                   r"of Offsets.*np.array\(\[0.0, 0.0\]\).*`w: np.ndarray = fd.nondifferentiable\(\)`"):
+        fd.gradient(lambda m: m(np.ones(2)), Offsets(np.array([0, 0])))      # was a "gradient" of [0, 0], the value itself
+    with pytest.raises(DifferentiationError, match=r"Offsets.w is an integer"): fd.Adam(Offsets(np.array([0, 0])))
+    with pytest.raises(DifferentiationError, match=r"argument 0.s is an integer \(int\).*write 1.0, not 1.*"
+                                                   r"`s: float = fd.nondifferentiable\(\)`"):
+        fd.gradient(lambda m: 3.0 * m.s, Scale(1))
+    g = fd.gradient(lambda m: 3.0 * m.s * m.n, Scale(1.0))                       # a count annotated int is a setting
+    assert (g.s, g.n) == (6.0, 2)
+    m = Offsets(np.array([0.0, 0.0])); opt = fd.Adam(m, learning_rate=0.1)
+    for _ in range(300): opt.update(m, along=fd.gradient(lambda m: m(np.ones(2)), m))
+    assert m(np.ones(2)) < 1e-6                                                   # floats train (integers stayed at 3.98)
