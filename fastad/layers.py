@@ -95,7 +95,8 @@ def _moved(x, d, where):
     "`x + d` as a new value of `x`'s type and dtype (a float stays a float, float32 stays float32)."
     if d is None: return x                                # None: a zero step
     if np.shape(d) != np.shape(x):
-        raise ShapeError(f"move: {where} has shape {tuple(np.shape(d))}, but the field has shape {tuple(np.shape(x))}")
+        raise ShapeError(f"move: {where} has shape {tuple(np.shape(d))}, but the field has shape {tuple(np.shape(x))}: "
+                         f"nothing was moved")
     new = x + d
     if type(x) is float: return float(new)
     if isinstance(x, np.generic): return type(x)(new)
@@ -129,7 +130,8 @@ def move(self: Differentiable, along):
     """Move the model by `along` (a value of its class, e.g. a scaled gradient), field by field, and return it.
     Fields are rebound to new arrays (the old ones are left as they were); sub-models, in fields or in lists,
     are moved in place, so a layer that appears twice stays one layer, moved by the sum of both parts. A model
-    whose `__post_init__` derives values runs it again (inner models first), so they follow the new fields."""
+    whose `__post_init__` derives values runs it again (inner models first), so they follow the new fields. A
+    direction that does not fit moves nothing: every new value is worked out before any field changes."""
     if type(along) is not type(self):
         raise DifferentiationError(f"move: along is a {type(along).__name__}, but the model is a {type(self).__name__}: "
                                    f"a direction has the model's own class (its gradient, say)")
@@ -137,13 +139,19 @@ def move(self: Differentiable, along):
     leaves_like(self, along, 'move: along')                       # the whole direction fits before anything moves
     found = {}
     _directions(self, along, found)
-    for model, parts in found.values():
-        for name, differentiable in _fields_of(type(model)).differentiable:
-            if not differentiable: continue
-            new = _stepped(getattr(model, name), [getattr(d, name) for d in parts], f"along.{name}")
-            object.__setattr__(model, name, new)
-    for model, _ in reversed(found.values()):                    # a model's parts before the model: it may derive from them
-        if _derives_in_post_init(type(model)): model.__post_init__()
+    new = [(model, name, _stepped(getattr(model, name), [getattr(d, name) for d in parts], f"along.{name}"))
+           for model, parts in found.values() for name, differentiable in _fields_of(type(model)).differentiable
+           if differentiable]                                    # a field of another shape is refused here, before any change
+    derives = [model for model, _ in reversed(found.values()) if _derives_in_post_init(type(model))]
+    old = [(model, name, getattr(model, name)) for model, name, _ in new] if derives else []
+    saved = [(model, dict(model.__dict__)) for model in derives if hasattr(model, '__dict__')]
+    for model, name, value in new: object.__setattr__(model, name, value)
+    try:
+        for model in derives: model.__post_init__()             # a model's parts before the model: it may derive from them
+    except Exception:                                            # its checks refused the new values: put the old ones back
+        for model, name, value in old: object.__setattr__(model, name, value)
+        for model, state in saved: model.__dict__.clear(); model.__dict__.update(state)
+        raise
     return self
 
 
@@ -164,6 +172,15 @@ def _parameter_keys(x, owner, path, keys):
     elif is_container(x):
         for key, value in items(x): _parameter_keys(value, owner, path + (key,), keys)
 
+def _leaf_labels(x, where, labels):
+    "For each leaf of `x`, in `flatten`'s order, its name (`Net.layers[0].weight`), for an error message."
+    if is_leaf(x): labels.append(where); return
+    if hasattr(type(x), '__dataclass_fields__'):
+        for name, differentiable in _fields_of(type(x)).differentiable:
+            if differentiable: _leaf_labels(getattr(x, name), f"{where}.{name}", labels)
+    elif is_container(x):
+        for key, value in items(x): _leaf_labels(value, f"{where}[{key!r}]", labels)
+
 def _gathered(model, gradient, where):
     """`gradient`, with the parts of a layer that appears several times in `model` added up at its first place
     and `None` at the others: an optimizer then keeps one state per parameter, as PyTorch does, and none for a repeat."""
@@ -171,8 +188,12 @@ def _gathered(model, gradient, where):
     keys = []
     _parameter_keys(model, model, (), keys)
     grads, first = [], {}
-    for key, leaf, g in zip(keys, leaves, leaves_like(model, gradient, where)):
+    for i, (key, leaf, g) in enumerate(zip(keys, leaves, leaves_like(model, gradient, where))):
         if g is None: g = leaf * 0                                 # None: no gradient, a zero one
+        elif np.shape(g) != np.shape(leaf):                        # refused before the optimizer changes anything
+            labels = []; _leaf_labels(model, '', labels)
+            raise ShapeError(f"{where}{labels[i]} has shape {tuple(np.shape(g))}, but the model's {type(model).__name__}"
+                             f"{labels[i]} has shape {tuple(np.shape(leaf))}: nothing was changed, neither the model nor the optimizer")
         if key in first: grads[first[key]] = grads[first[key]] + g; g = None       # a repeat: no state, no step
         else: first[key] = len(grads)
         grads.append(g)
@@ -194,6 +215,20 @@ class Optimizer:
                 raise DifferentiationError(f"{op}: the {what} is a {type(x).__name__}, but this optimizer was made "
                                            f"for a {self.model_class.__name__}: pass that model and its gradient")
         return _gathered(model, along, f"{op}: along")
+    def fits(self, state, g, what):
+        """Refuse a state kept from earlier steps (`what`: the velocity, the averages) that no longer fits the
+        parameters of gradient `g`: a parameter of another shape, or a model of another structure."""
+        op, start = f"{type(self).__name__}.update", f"make a new optimizer, {type(self).__name__}(model, ...)"
+        try: kept = leaves_like(g, state, what)
+        except DifferentiationError as e:
+            raise DifferentiationError(f"{op}: the model's parameters are not those this optimizer's {what} was kept "
+                                       f"for ({e}). To start afresh, {start}") from None
+        labels = []; _leaf_labels(g, self.model_class.__name__, labels)
+        for label, s, p in zip(labels, kept, flatten(g, static_ok=True)[0]):
+            if np.shape(s) != np.shape(p):
+                raise ShapeError(f"{op}: {label} now has shape {tuple(np.shape(p))}, but the {what} this optimizer kept for "
+                                 f"it from earlier steps has shape {tuple(np.shape(s))}: it belongs to another parameter, "
+                                 f"so nothing was changed. To start afresh, {start}")
 
 # %% ../nbs/04_custom_derivatives.ipynb #cB04a13
 class SGD(Optimizer):
@@ -206,11 +241,16 @@ class SGD(Optimizer):
         self.velocity = None
 
     def update(self, model, along):
-        "Take one step downhill; returns the model, moved in place."
+        """Take one step downhill; returns the model, moved in place. A gradient or a kept velocity that does not fit
+        the model is refused (`fits`), leaving the model and the velocity as they were."""
         g = self.checked(model, along)
-        if self.velocity is None or self.momentum == 0: self.velocity = g
-        else: self.velocity = tree_map(lambda v, g: self.momentum * v + g, self.velocity, g)
-        return model.move(along=tree_map(lambda v: -self.learning_rate * v, self.velocity))
+        if self.velocity is None or self.momentum == 0: velocity = g
+        else:
+            self.fits(self.velocity, g, 'velocity')
+            velocity = tree_map(lambda v, g: self.momentum * v + g, self.velocity, g)
+        model.move(along=tree_map(lambda v: -self.learning_rate * v, velocity))
+        self.velocity = velocity                                 # kept once the model has moved
+        return model
 
 # %% ../nbs/04_custom_derivatives.ipynb #cB04a17
 class Adam(Optimizer):
@@ -226,12 +266,15 @@ class Adam(Optimizer):
         self.steps, self.m, self.v = 0, None, None
 
     def update(self, model, along):
-        "Take one step; returns the model, moved in place."
+        """Take one step; returns the model, moved in place. A gradient or kept averages that do not fit the model
+        are refused (`fits`), leaving the model, the averages and the step count as they were."""
         g = self.checked(model, along)
-        (b1, b2), self.steps = self.betas, self.steps + 1
-        if self.m is None: self.m, self.v = tree_map(lambda g: g * 0, g), tree_map(lambda g: g * 0, g)
-        self.m = tree_map(lambda m, g: b1 * m + (1 - b1) * g, self.m, g)
-        self.v = tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, self.v, g)
-        m_scale, v_scale = 1 / (1 - b1 ** self.steps), 1 / (1 - b2 ** self.steps)    # the bias corrections
-        step = tree_map(lambda m, v: -self.learning_rate * (m * m_scale) / ((v * v_scale) ** 0.5 + self.eps), self.m, self.v)
-        return model.move(along=step)
+        (b1, b2), steps = self.betas, self.steps + 1
+        if self.m is None: m, v = tree_map(lambda g: g * 0, g), tree_map(lambda g: g * 0, g)
+        else: self.fits(self.m, g, 'running average of the gradient'); m, v = self.m, self.v
+        m = tree_map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+        v = tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+        m_scale, v_scale = 1 / (1 - b1 ** steps), 1 / (1 - b2 ** steps)               # the bias corrections
+        model.move(along=tree_map(lambda m, v: -self.learning_rate * (m * m_scale) / ((v * v_scale) ** 0.5 + self.eps), m, v))
+        self.steps, self.m, self.v = steps, m, v                 # kept once the model has moved
+        return model

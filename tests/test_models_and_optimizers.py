@@ -223,6 +223,60 @@ def test_a_gradient_is_built_without_the_models_validation():
     with pytest.raises(ValueError, match="sigma must be positive"): Gaussian(0.0, -1.0)    # the model still checks itself
 
 # --- state that carries over: optimizer state, half-done updates, settings on the instance, integer fields ----------
+class Vec(fd.Differentiable):
+    w: np.ndarray
+
+@pytest.mark.parametrize('make', [lambda m: fd.SGD(m, learning_rate=0.1, momentum=0.9), lambda m: fd.Adam(m, learning_rate=0.1)],
+                         ids=['momentum', 'adam'])
+def test_a_parameter_of_another_shape_is_refused_with_its_state_and_a_new_optimizer_starts_afresh(make):
+    m = Vec(np.array([1.0]))
+    opt = make(m)
+    opt.update(m, along=Vec(np.array([5.0])))
+    bigger = Vec(np.zeros(3))                        # was moved to [-0.45, -0.45, -0.55] by SGD, the old velocity broadcast
+    with pytest.raises(fd.ShapeError, match=r"Vec.w now has shape \(3,\), but the .* this optimizer kept for it from earlier "
+                                            r"steps has shape \(1,\).*make a new optimizer"):
+        opt.update(bigger, along=Vec(np.array([0.0, 0.0, 1.0])))
+    close(bigger.w, [0.0, 0.0, 0.0])
+    fresh = make(bigger)
+    fresh.update(bigger, along=Vec(np.array([0.0, 0.0, 1.0])))
+    close(bigger.w, [0.0, 0.0, -0.1])
+
+def test_a_model_of_another_structure_is_refused_by_the_optimizer_it_outgrew():
+    model = fd.Sequential([dense(3, 2, 0)])
+    opt = fd.SGD(model, learning_rate=0.1, momentum=0.9)
+    opt.update(model, along=fd.gradient(lambda m: m(X).sum(), model))
+    model.layers.append(dense(2, 1, 1))
+    with pytest.raises(DifferentiationError, match=r"SGD.update: the model's parameters are not those this optimizer's "
+                                                   r"velocity was kept for .*make a new optimizer, SGD\(model, ...\)"):
+        opt.update(model, along=fd.gradient(lambda m: m(X).sum(), model))
+
+class Pair(fd.Differentiable):
+    a: np.ndarray
+    b: np.ndarray
+
+def test_move_that_is_refused_moves_nothing():
+    p = Pair(np.ones(2), np.ones(2))
+    with pytest.raises(fd.ShapeError, match=r"move: along.b has shape \(3,\), but the field has shape \(2,\): nothing was moved"):
+        p.move(along=Pair(np.ones(2), np.ones(3)))
+    close(p.a, [1.0, 1.0])                                                       # was [2, 2]: a had moved before b was refused
+    m = Gaussian(0.0, 1.0)
+    with pytest.raises(ValueError, match="sigma must be positive"): m.move(along=Gaussian(1.0, -2.0))
+    assert (m.mu, m.sigma) == (0.0, 1.0)                                         # __post_init__ refused: the old values are back
+
+@pytest.mark.parametrize('make', [lambda m: fd.SGD(m, learning_rate=0.1, momentum=0.9), lambda m: fd.Adam(m, learning_rate=0.1)],
+                         ids=['momentum', 'adam'])
+def test_a_refused_update_leaves_model_and_optimizer_as_they_were_and_the_next_one_works(make):
+    p = Pair(np.ones(2), np.ones(2))
+    opt = make(p)
+    with pytest.raises(fd.ShapeError, match=r"update: along.b has shape \(3,\), but the model's Pair.b has shape \(2,\): "
+                                            r"nothing was changed"):
+        opt.update(p, along=Pair(np.ones(2), np.ones(3)))
+    close(p.a, [1.0, 1.0]); close(p.b, [1.0, 1.0])
+    assert vars(opt) == vars(make(Pair(np.ones(2), np.ones(2))))  | {'model_class': Pair}     # a new optimizer's state
+    opt.update(p, along=Pair(np.ones(2), np.ones(2)))             # was a raw broadcast ValueError: a (3,) state was kept
+    close(p.a, [0.9, 0.9]); close(p.b, [0.9, 0.9])
+    if isinstance(opt, fd.Adam): assert opt.steps == 1
+
 class Tempered(fd.Differentiable):
     w: np.ndarray
     temperature = 1.0                                     # a class attribute, not a field
