@@ -199,14 +199,20 @@ def multiply_vwc(x, y):
 @defvwc(np.true_divide, broadcasts=True, keeps=dict(x='y', y='y'))     # and its result
 def divide_vwc(x, y):
     "x / y: g / y for x, -g x / y² for y."
-    ans = x / y
+    try: ans = x / y
+    except ZeroDivisionError:                         # two Python numbers: 0.0 / 0.0 raises, where NumPy's gives NaN
+        x, y = np.float64(x), np.float64(y)           # NumPy's scalars, in the chains too: inf or NaN, and its warning
+        ans = x / y
     return ans, (lambda g: g / y, lambda g: -g * ans / y)
 
 # %% ../nbs/03a_primitives.ipynb #p3a014
 @defvwc(np.power, broadcasts=True, keeps=dict(x=('x', 'y'), y='x'))
 def power_vwc(x, y):
     "x ** y: g y x^(y-1) for x, g x^y log x for y (where x > 0)."
-    ans = x ** y
+    try: ans = x ** y
+    except (OverflowError, ZeroDivisionError):        # Python numbers: 1e200 ** 2 and 0.0 ** -1 raise; NumPy's give inf
+        x, y = np.float64(x), np.float64(y)
+        ans = x ** y
     def dx(g):
         if np.ndim(y) == 0:
             if y == 0: return np.zeros_like(g)                # x**0 is constant: 0, not 0 * g (NaN where g is inf)
@@ -740,11 +746,17 @@ def relu_vwc(x):
     if type(ans) is np.ndarray and ans.ndim == 0: ans = ans[()]    # a number in, a NumPy number out
     return ans, lambda g: _select(mask, g)           # not g * mask: an infinite g times 0 is NaN
 
+def _largest(x, axis):
+    "The largest element along `axis`, kept; 0 along an empty axis, which has none (np.max raises there)."
+    try: return np.max(x, axis=axis, keepdims=True)
+    except ValueError:                                # an empty axis (a wrong axis raises again, from np.sum)
+        return np.sum(x, axis=axis, keepdims=True)
+
 @defvwc(name='logsumexp', unary=True)
 def logsumexp_vwc(x, *, axis=-1, keepdims=False):
     """log(sum(exp(x))) along `axis`, computed without overflow; -inf where every element is -inf, +inf where one
-    is +inf (as SciPy and JAX)."""
-    m = np.max(x, axis=axis, keepdims=True)
+    is +inf (as SciPy and JAX); -inf over an empty axis (the log of an empty sum)."""
+    m = _largest(x, axis)
     m = np.where(np.isfinite(m), m, 0)                # an infinite maximum: x - m would be inf - inf, NaN
     e = np.exp(x - m)
     s = np.sum(e, axis=axis, keepdims=True)
@@ -754,7 +766,7 @@ def logsumexp_vwc(x, *, axis=-1, keepdims=False):
 @defvwc(name='log_softmax', unary=True)
 def log_softmax_vwc(x, *, axis=-1):
     "log(softmax(x)) along `axis`, computed without overflow."
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - _largest(x, axis)
     ans = shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
     return ans, lambda g: g - np.exp(ans) * np.sum(g, axis=axis, keepdims=True)
 

@@ -186,7 +186,7 @@ def float_power_vwc(x, y):
 @defvwc(np.fmod, broadcasts=True)
 def fmod_vwc(x, y):
     "x - trunc(x / y) * y (C's remainder): slope 1 in x and -trunc(x / y) in y, between the jumps."
-    return np.fmod(x, y), (lambda g: g, lambda g: -g * np.trunc(x / y))
+    return np.fmod(x, y), (lambda g: g, lambda g: -g * np.trunc(np.true_divide(x, y)))   # y = 0.0: inf, no error
 
 @defvwc(np.copysign, broadcasts=True)
 def copysign_vwc(x, y):

@@ -4,7 +4,7 @@ For a function f and a random cotangent v, the pullback must return J^T v; its d
 direction d must equal the directional derivative of <v, f(x)> along d, which central differences
 estimate to ~1e-9. Each case also runs under the strict backend (no silent host copies) via `any_backend`.
 """
-import contextlib
+import contextlib, warnings
 import numpy as np, pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 from hypothesis.extra.numpy import mutually_broadcastable_shapes, valid_tuple_axes
@@ -190,3 +190,43 @@ def test_einsum_with_a_constant_operand_and_second_derivative(any_backend):
     a, x = to_device(a), to_device(x)
     h = fd.gradient(lambda x: fd.gradient(lambda y: np.einsum('i,ij,j->', y, a, y), x).sum(), x)   # d/dx sum((a + a.T) x)
     np.testing.assert_allclose(to_host(h), to_host((a + a.T).sum(0)), rtol=1e-12)
+
+# --- a Python float at the edges of its arithmetic: NumPy's inf and NaN, not Python's errors ---------------------
+PYTHON_EDGES = {   # f, where Python's arithmetic raises (ZeroDivisionError, OverflowError), a point nearby
+    'sin(x) / x at 0': (lambda x: np.sin(x) / x, 0.0, 0.3),
+    'exp(x) ** 2 at 400': (lambda x: np.exp(x) ** 2, 400.0, 300.0),
+    '1 / log(x) at 1': (lambda x: 1 / np.log(x), 1.0, 1.5),
+    'x / 0': (lambda x: x / 0, 2.0, None),
+    'x ** -1 at 0': (lambda x: x ** -1, 0.0, 0.5),
+    '0.0 ** x at -1': (lambda x: 0.0 ** x, -1.0, None),
+    '10.0 ** x at 400': (lambda x: 10.0 ** x, 400.0, 300.0),
+}
+
+@pytest.mark.parametrize('name', PYTHON_EDGES)
+def test_a_python_float_follows_numpys_arithmetic_at_its_edges(name):
+    """sin, cos, exp and log of a Python float are Python floats (math's, for speed): the operation after them must
+    still give NumPy's inf or NaN, value and gradient, as on np.float64, with at most NumPy's warnings."""
+    from fastad.testing import numerical_gradient
+    f, x, near = PYTHON_EDGES[name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        with np.errstate(all='warn'):
+            value, g = fd.value_with_gradient(f, x)
+            value64, g64 = fd.value_with_gradient(f, np.float64(x))
+            plain = f(np.float64(x))
+    assert all(issubclass(w.category, RuntimeWarning) for w in caught), [str(w.message) for w in caught]
+    assert type(value) is np.float64 and type(g) is float
+    np.testing.assert_equal((value, g), (plain, g64))
+    np.testing.assert_equal(value64, plain)
+    if near is not None:                              # and the usual path, beside the edge, as central differences
+        np.testing.assert_allclose(fd.gradient(f, near), numerical_gradient(f, near), rtol=1e-6)
+
+def test_logsumexp_over_an_empty_axis_is_minus_inf():
+    "An empty sum is 0 and its log -inf (SciPy's and JAX's logsumexp), with an empty gradient; log_softmax is empty."
+    for shape, axis in [((0,), -1), ((2, 0), -1), ((2, 0), 1), ((0, 3), 0), ((0, 3), 1)]:
+        x = np.zeros(shape)
+        with np.errstate(divide='ignore'): plain = np.log(np.sum(np.exp(x), axis=axis))
+        np.testing.assert_equal(fd.logsumexp(x, axis=axis), plain)
+        value, g = fd.value_with_gradient(lambda x: fd.logsumexp(x, axis=axis).sum(), x)
+        np.testing.assert_equal((value, g), (plain.sum(), np.zeros(shape)))
+        assert fd.log_softmax(x, axis=axis).shape == shape

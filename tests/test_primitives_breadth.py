@@ -323,3 +323,15 @@ def test_the_table_is_read_from_the_registry():
     grouped = {f for fs in GROUPS.values() for f in fs}
     from fastad.primitives import REGISTRY
     assert {f for f, row in REGISTRY.items() if isinstance(f, np.ufunc) and row.primitive} <= grouped
+
+def test_fmod_of_python_floats_by_zero_is_numpys_nan():
+    "fmod's slope in y, -trunc(x / y), divided two Python floats: at y = 0.0 a ZeroDivisionError, where NumPy gives inf."
+    f = lambda x, y: np.fmod(x, y)
+    with np.errstate(all='ignore'):
+        got = fd.value_with_gradient(f, 1.0, 0.0, argnums=(0, 1))
+        want = fd.value_with_gradient(f, np.float64(1.0), np.float64(0.0), argnums=(0, 1))
+        np.testing.assert_equal(got[0], np.fmod(1.0, 0.0))
+    np.testing.assert_equal(got, want)
+    np.testing.assert_equal(want[1], (1.0, -np.inf))
+    from fastad.testing import numerical_gradient                 # beside the edge, the usual path
+    np.testing.assert_allclose(fd.gradient(f, 7.0, 3.0, argnums=(0, 1)), numerical_gradient(f, 7.0, 3.0))
