@@ -5,14 +5,15 @@
 # %% auto #0
 __all__ = ['RULES', 'SQRT_PI', 'SQRT_2PI', 'LOG_2PI', 'STATS', 'logpmf_vjp', 'REGISTRATIONS', 'rule', 'polygamma', 'zeta_vjp',
            'polygamma_vjp', 'logsumexp_vjp', 'softmax_vjp', 'log_softmax_vjp', 'multivariate_normal_logpdf_vjp',
-           'dirichlet_logpdf_vjp', 'solve_triangular_vjp', 'cho_factor_vjp', 'cho_solve_vjp', 'expm_vjp',
-           'convolve_vjp', 'correlate_vjp', 'register_scipy', 'unregister_scipy', 'scipy_functions', 'install']
+           'dirichlet_logpdf_vjp', 'multivariate_normal_frozen_logpdf_vjp', 'solve_triangular_vjp', 'cho_factor_vjp',
+           'cho_solve_vjp', 'expm_vjp', 'cholesky_vjp', 'convolve_vjp', 'correlate_vjp', 'register_scipy',
+           'unregister_scipy', 'scipy_functions', 'install']
 
 # %% ../nbs/03g_scipy.ipynb #sp6f2496
 import importlib, importlib.abc, importlib.util, math, sys, threading, warnings
 import numpy as np
 from .engine import unbox
-from .errors import NoDerivativeError, ShapeError
+from .errors import ArgumentError, NoDerivativeError, ShapeError
 from .primitives import unbroadcast, as_mask, _module_under
 from .transforms import derivative, value_with_pullback
 from . import dispatch
@@ -71,7 +72,7 @@ def polygamma(n, x):
 _unary('gammaln', lambda x: _special.gammaln(x), lambda x, ans: _special.digamma(x))
 _unary('digamma', lambda x: _special.digamma(x), lambda x, ans: polygamma(1, x)).serves += ('scipy.special.psi',)   # one ufunc, two names
 _unary('expit', lambda x: _special.expit(x), lambda x, ans: ans * (1 - ans))
-_unary('logit', lambda x: _special.logit(x), lambda x, ans: 1 / (x * (1 - x)))
+_unary('logit', lambda x: _special.logit(x), lambda x, ans: np.reciprocal(x * (1 - x)))   # at 0.0: inf, not 1 / 0.0
 _unary('erf', lambda x: _special.erf(x), lambda x, ans: (2 / SQRT_PI) * np.exp(-x * x))
 _unary('erfc', lambda x: _special.erfc(x), lambda x, ans: (-2 / SQRT_PI) * np.exp(-x * x))
 _unary('erfinv', lambda x: _special.erfinv(x), lambda x, ans: (SQRT_PI / 2) * np.exp(ans * ans))
@@ -131,8 +132,10 @@ def logsumexp_vjp(a, axis=None, b=None, keepdims=False, return_sign=False):
     if b is not None and sa != sb:                            # broadcast against each other first, as SciPy does
         shape = np.broadcast_shapes(sa, sb)
         a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-    m = _reduced_max(a, axis)
-    e = np.exp(a - m)
+    # a weight of 0 leaves its entry out, as SciPy: that entry sets no shift, and its exp(a) (inf, say) meets no 0
+    kept_a = a if b is None else np.where(np.equal(unbox(b), 0), -np.inf, a)
+    m = _reduced_max(kept_a, axis)
+    e = np.exp(kept_a - m)
     s = np.sum(e if b is None else b * e, axis=axis, keepdims=True)
     with np.errstate(divide='ignore', invalid='ignore'):
         kept = np.log(np.abs(s)) + m                            # log|s|: -inf where s is 0, as SciPy
@@ -143,9 +146,13 @@ def logsumexp_vjp(a, axis=None, b=None, keepdims=False, return_sign=False):
     def pullback(g):
         if return_sign: g = g[0]
         gk = _keep(g, np.shape(a), axis, keepdims) * sign    # d log|s| = ds / s
-        w = np.exp(a - np.where(kept == -np.inf, 0, kept))    # exp(a) / |s|; 0 where every a is -inf (not -inf + inf)
+        shift = np.where(kept == -np.inf, 0, kept)            # 0 where every a is -inf (not -inf + inf)
+        w = np.exp(kept_a - shift)                            # exp(a) / |s|, 0 where b is 0
         ga = unbroadcast(gk * w if b is None else gk * b * w, sa)
-        return ga, None, (None if b is None else unbroadcast(gk * w, sb)), None, None
+        if b is None or isinstance(b, (list, tuple)): return ga, None, None, None, None   # a list of weights: constants
+        with np.errstate(over='ignore'):                      # in b the slope is exp(a) / |s| where b is 0 too:
+            gb = unbroadcast(gk * np.exp(a - shift), sb)      # e^999 (inf) for a = [1000, 1], b = [0, 1]
+        return ga, None, gb, None, None
     return value, pullback
 
 def _logsumexp_kept(x, axis):
@@ -253,6 +260,30 @@ for _method in ('logpdf', 'pdf', 'cdf', 'logcdf', 'sf'):
         _distribution_rule(_method))
 logpmf_vjp = rule('scipy.stats.rv_discrete.logpmf', 'scipy.stats.poisson.logpmf')(_distribution_rule('logpmf'))
 
+# %% ../nbs/03g_scipy.ipynb #sp5fb702
+def _psd_cutoff(s):
+    "SciPy's `_eigvalsh_to_eps`: an eigenvalue at most 10⁶ ε·max|s| (10³ ε in float32) counts as 0."
+    dtype = np.result_type(s)
+    return (1e3 if dtype == np.float32 else 1e6) * np.finfo(dtype).eps * float(np.max(np.abs(s)))
+
+def _mvn_pseudo_logpdf(diff, cov):
+    """SciPy's allow_singular=True: over U, the eigenvectors of cov whose eigenvalues are above the cutoff, the rank
+    r in the constant, log pdet = log det(Uᵀ cov U) and the quadratic form of the pseudo-inverse; -inf off the support
+    (x - mean outside U's span, by SciPy's test). U is held fixed: the slope is the one at constant rank and range."""
+    sym = np.tril(cov) + np.swapaxes(np.tril(cov, -1), -1, -2)      # the lower triangle, the one SciPy's eigh reads
+    s, u = np.linalg.eigh(unbox(sym))
+    eps = _psd_cutoff(s)
+    if np.min(s) < -eps:
+        raise ArgumentError(f"scipy.stats.multivariate_normal.logpdf: cov must be positive semidefinite, and it has "
+                            f"an eigenvalue of {float(np.min(s)):.3g} (as SciPy, which raises a ValueError)")
+    kept = s > eps
+    U = u[:, kept]
+    L = np.linalg.cholesky(U.T @ sym @ U)                         # r × r, its diagonal the kept eigenvalues' roots
+    z = np.linalg.solve(L, np.swapaxes(diff @ U, -1, -2))
+    out = -0.5 * (U.shape[1] * LOG_2PI + 2 * np.sum(np.log(np.diagonal(L))) + np.sum(z * z, axis=-2))
+    off = np.linalg.norm(unbox(diff) @ u[:, ~kept], axis=-1) >= 1e3 * eps   # SciPy's support: its residual test
+    return np.where(off, -np.inf, out)
+
 # %% ../nbs/03g_scipy.ipynb #sp5fb703
 def _squeezed(out):
     "SciPy's `_squeeze_output`: size-1 axes dropped, a single value as a 0-d result."
@@ -267,6 +298,7 @@ def _mvn_logpdf(x, mean=None, cov=1, allow_singular=False):
     if np.ndim(x) == 0: x = np.reshape(x, (1, 1))
     elif np.ndim(x) == 1: x = np.reshape(x, (-1, 1) if d == 1 else (1, -1))   # SciPy: 1-d x is n points if d == 1
     diff = x if mean is None else x - mean
+    if allow_singular: return _squeezed(_mvn_pseudo_logpdf(diff, cov))
     L = np.linalg.cholesky(cov)
     z = np.linalg.solve(L, np.swapaxes(diff, -1, -2))
     log_det = 2 * np.sum(np.log(np.diagonal(L)))
@@ -289,6 +321,27 @@ def _dirichlet_logpdf(x, alpha):
 def dirichlet_logpdf_vjp(self, x, alpha):
     "SciPy's dirichlet.logpdf, in x and alpha."
     return _by_formula(_dirichlet_logpdf, (x, alpha), leading=1)
+
+# %% ../nbs/03g_scipy.ipynb #sp5fb7e1
+def _frozen_refusal(name, params, instead):
+    "The rule of freezing SciPy's `name` with traced `params`: a refusal that names the form fastad differentiates."
+    def vjp(self, *args, **kwargs):
+        raise NoDerivativeError(f"scipy.stats.{name}({params}) with traced parameters has no derivative in fastad: "
+                                f"SciPy turns them into plain arrays as it freezes them. Call {instead} instead "
+                                f"(a distribution frozen with constant parameters differentiates in x)")
+    vjp.__name__ = vjp.__qualname__ = f'{name}_frozen_vjp'
+    vjp.__doc__ = f"scipy.stats.{name}({params}) with traced parameters: refused, naming {instead}."
+    rule(f'scipy.stats.{name}.__call__')(vjp).serves = ()     # no derivative: not listed as one
+    return vjp
+
+_frozen_refusal('multivariate_normal', 'mean, cov', 'scipy.stats.multivariate_normal.logpdf(x, mean, cov)')
+_frozen_refusal('dirichlet', 'alpha', 'scipy.stats.dirichlet.logpdf(x, alpha)')
+
+@rule('scipy.stats._multivariate.multivariate_normal_frozen.logpdf', 'scipy.stats.multivariate_normal(mean, cov).logpdf')
+def multivariate_normal_frozen_logpdf_vjp(self, x):
+    "A frozen multivariate_normal's logpdf (and so its pdf), in x: the rule above at its mean and covariance."
+    mean, cov, singular = self.mean, self.cov, self.allow_singular
+    return _by_formula(lambda x: _mvn_logpdf(x, mean, cov, singular), (x,), leading=1)
 
 # %% ../nbs/03g_scipy.ipynb #sp598a37
 def _triangle(m, lower, unit_diagonal=False):
@@ -347,6 +400,13 @@ def expm_vjp(A):
         block = np.concatenate([np.concatenate([At, g], axis=-1), np.concatenate([zeros, At], axis=-1)], axis=-2)
         return _linalg.expm(block)[..., :n, n:]
     return _linalg.expm(A), pullback
+
+# %% ../nbs/03g_scipy.ipynb #sp598a38
+@rule('scipy.linalg.cholesky')
+def cholesky_vjp(a, lower=False, overwrite_a=False, check_finite=True):
+    "a's Cholesky factor, upper (uᵀu = a, read from a's upper triangle) unless `lower`: cho_factor's rule."
+    (c, _), pb = cho_factor_vjp(a, lower)
+    return c, lambda g: pb((g, None))
 
 # %% ../nbs/03g_scipy.ipynb #sp658cfb
 def _full_offsets(mode, s1, s2):

@@ -350,3 +350,98 @@ def test_polygamma_of_one_order_as_scipy(n):
     with np.errstate(all='ignore'):
         value = fd.value_with_pullback(lambda x: special.polygamma(n, x), x)[0]
         np.testing.assert_allclose(value, special.polygamma(n, x), rtol=1e-12)
+
+
+# --- edges: zero weights, singular covariances, Python floats, frozen distributions, cholesky ----------------------
+def test_logsumexp_entries_with_weight_zero_set_no_shift():
+    "A weight of 0 leaves its entry out (SciPy, JAX): logsumexp([1000, 1], b=[0, 1]) is 1, with slope [0, 1] in a."
+    for b in ([0, 1], np.array([0.0, 1.0])):
+        value, g = fd.value_with_gradient(lambda a: special.logsumexp(a, b=b), np.array([1000.0, 1.0]))
+        np.testing.assert_equal((value, g), (special.logsumexp([1000.0, 1.0], b=b), [0.0, 1.0]))
+    # in b, the slope is exp(a - result) where b is 0 too, as central differences of SciPy's give it
+    a, b = np.array([3.0, 1.0, 2.0, -np.inf]), np.array([0.0, 1.0, 0.5, 0.0])
+    check(lambda a, b: special.logsumexp(a, b=b), a[:3], b[:3])
+    check(lambda b: special.logsumexp(a[:3], axis=0, b=b), b[:3])
+    g = fd.gradient(lambda a: special.logsumexp(a, b=b), a)
+    np.testing.assert_allclose(g, b * np.exp(a - special.logsumexp(a, b=b)))    # 0 where b is 0, and no NaN at -inf
+
+def _pseudo_case(seed=0):
+    "A covariance of rank 2 in 3 dimensions, a mean, and a point in the support."
+    r = np.random.default_rng(seed)
+    B = r.standard_normal((3, 2))
+    mean = r.standard_normal(3)
+    return B, B @ B.T, mean, mean + B @ np.array([0.3, -0.7])
+
+def test_multivariate_normal_allow_singular_follows_scipy():
+    "SciPy's allow_singular=True: pseudo-determinant, pseudo-inverse and rank over the eigenvalues above its cutoff."
+    f = lambda x, m, c: stats.multivariate_normal.logpdf(x, m, c, allow_singular=True)
+    check(f, X[:3], X[2:], spd(3))                                  # full rank: every direction
+    np.testing.assert_allclose(fd.value_with_pullback(f, X[:3], X[2:], spd(3))[0], f(X[:3], X[2:], spd(3)), rtol=1e-12)
+    B, C, mean, x = _pseudo_case()
+    points = np.stack([x, x + np.array([1.0, 0.0, 0.0])])           # in the support, and off it (-inf)
+    value, (gx, gm, gc) = fd.value_with_gradient(lambda x, m, c: f(x, m, c).sum(), x, mean, C, argnums=(0, 1, 2))
+    np.testing.assert_allclose(value, f(x, mean, C), rtol=1e-12)
+    np.testing.assert_allclose(fd.value_with_pullback(lambda p: f(p, mean, C), points)[0], f(points, mean, C), rtol=1e-12)
+    # the rank is SciPy's; where it holds (cov moved within its range, x within the support) central differences agree
+    r = np.random.default_rng(1)
+    A = r.standard_normal((2, 2))
+    dC, dx, dm = B @ (A + A.T) @ B.T, B @ r.standard_normal(2), B @ r.standard_normal(2)
+    eps = 1e-6
+    numeric = (f(x + eps * dx, mean + eps * dm, C + eps * dC) - f(x - eps * dx, mean - eps * dm, C - eps * dC)) / (2 * eps)
+    assert np.sum(gx * dx) + np.sum(gm * dm) + np.sum(gc * dC) == pytest.approx(numeric, rel=1e-6)
+    assert np.allclose(np.triu(gc, 1), 0)                           # SciPy reads the lower triangle
+    g_off = fd.gradient(lambda p: f(p, mean, C)[1], points)         # off the support: -inf, flat, no NaN
+    np.testing.assert_equal(g_off, np.zeros((2, 3)))
+
+def test_multivariate_normal_allow_singular_exactly_and_nearly_singular():
+    "Before, the flag was ignored: a LinAlgError where cov is singular, a value far from SciPy's where it nearly is."
+    f = lambda x, c: stats.multivariate_normal.logpdf(x, np.zeros(2), c, allow_singular=True)
+    x = np.array([0.5, 0.5])
+    for c in (np.ones((2, 2)), np.array([[1.0, 1.0], [1.0, 1.0 + 1e-12]])):
+        value, (gx, gc) = fd.value_with_gradient(f, x, c, argnums=(0, 1))
+        np.testing.assert_allclose(value, f(x, c), rtol=1e-12)       # -1.3905..., rank 1, as SciPy
+        np.testing.assert_allclose(gx, [-0.25, -0.25])               # -pinv(c) x
+        np.testing.assert_allclose(gc, [[-0.09375, 0.0], [-0.1875, -0.09375]])
+    with pytest.raises(fd.ArgumentError, match='positive semidefinite'):
+        fd.gradient(lambda c: f(x, c), np.array([[1.0, 2.0], [2.0, 1.0]]))
+
+@pytest.mark.parametrize('f, x', [(special.logit, 0.0), (special.logit, 1.0),
+                                  (lambda s: stats.norm.logpdf(1.0, scale=s), 0.0),
+                                  (lambda s: stats.norm.logpdf(1.0, 0.5, s), 0.0),
+                                  (lambda d: stats.t.logpdf(1.0, df=d), 0.0)])
+def test_python_floats_at_scipys_edges_give_scipys_inf_and_nan(f, x):
+    "Where SciPy gives inf or NaN, a Python float gives the same (not a ZeroDivisionError), and the slope of np.float64."
+    with np.errstate(all='ignore'):
+        value, g = fd.value_with_gradient(f, x)
+        value64, g64 = fd.value_with_gradient(f, np.float64(x))
+        np.testing.assert_equal(value, f(x))
+    np.testing.assert_equal((value, g), (value64, g64))
+    check(f, 0.3 + 0.4 * x)                                         # beside the edge, central differences
+
+def test_frozen_distributions():
+    "Frozen with constants: differentiated in x. Frozen with traced parameters: refused, naming the unfrozen form."
+    K = spd(3)
+    frozen = stats.multivariate_normal(X[2:], K)
+    check(lambda x: frozen.logpdf(x), X[:3])
+    check(lambda x: frozen.pdf(x), X[:3])
+    singular = stats.multivariate_normal(cov=np.ones((2, 2)), allow_singular=True)
+    value, g = fd.value_with_gradient(singular.logpdf, np.array([0.3, 0.3]))
+    np.testing.assert_allclose((value, *g), (singular.logpdf([0.3, 0.3]), -0.15, -0.15), rtol=1e-12)
+    np.testing.assert_allclose(fd.value_with_pullback(frozen.logpdf, X[:3])[0], frozen.logpdf(X[:3]), rtol=1e-12)
+    with pytest.raises(fd.NoDerivativeError, match=r'multivariate_normal\.logpdf\(x, mean, cov\) instead'):
+        fd.gradient(lambda m: stats.multivariate_normal(m, K).logpdf(X[:3]), X[2:])
+    with pytest.raises(fd.NoDerivativeError, match=r'dirichlet\.logpdf\(x, alpha\) instead'):
+        fd.gradient(lambda a: stats.dirichlet(a).logpdf(np.array([0.2, 0.3, 0.5])), POSITIVE[:3])
+    check(lambda x: stats.dirichlet(POSITIVE[:3]).logpdf(x / np.sum(x)), POSITIVE[3:])
+    assert type(stats.multivariate_normal(X[2:], K)) is type(frozen)  # plain calls are SciPy's own
+    names = fd.supported_functions()['scipy.stats']
+    assert not any('__call__' in n for n in names) and 'scipy.stats.multivariate_normal(mean, cov).logpdf' in names
+
+@pytest.mark.parametrize('lower', [False, True])
+def test_scipy_linalg_cholesky(lower):
+    "scipy.linalg.cholesky, upper by default: cho_factor's rule, on the triangle SciPy reads."
+    check(lambda a: linalg.cholesky(a, lower=lower), spd(3))
+    check(lambda a: linalg.cholesky(a, lower=lower), spd(3) + np.triu(np.ones((3, 3)), 1) * (1 if lower else 0))
+    np.testing.assert_allclose(fd.value_with_pullback(lambda a: linalg.cholesky(a, lower=lower), spd(3))[0],
+                               linalg.cholesky(spd(3), lower=lower), rtol=1e-12)
+    check_second(lambda a: linalg.cholesky(a, lower=lower), spd(3))
