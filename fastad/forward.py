@@ -95,7 +95,7 @@ def _one_hots(leaf):
     if type(leaf) is float:
         yield 1.0
         return
-    module, size = array_module(unbox(leaf)), int(np.size(leaf))     # a traced leaf: its value's module
+    module, size = _module_under(leaf), int(np.size(leaf))     # a traced leaf: its value's module
     for i in range(size):
         e = module.zeros(size, dtype=leaf.dtype)
         e[i] = 1
@@ -114,7 +114,9 @@ def _block(parts, out_leaf, in_leaf, by_rows):
     (one per output element, shaped like the input) or its columns (one per input element, shaped like the output)."""
     out_shape, in_shape = np.shape(out_leaf), np.shape(in_leaf)
     dtype = np.result_type(getattr(out_leaf, 'dtype', 0.0), getattr(in_leaf, 'dtype', 0.0))
-    if not parts: return array_module(unbox(out_leaf), unbox(in_leaf)).zeros(out_shape + in_shape, dtype)   # an empty leaf: no rows (columns)
+    if not parts:                                        # an empty leaf: no rows (columns), zeros on the leaves' device
+        module = _module_under(out_leaf)
+        return (module if module is not np else _module_under(in_leaf)).zeros(out_shape + in_shape, dtype)
     if not by_rows: parts = [np.reshape(p, (-1,)) for p in parts]
     block = np.stack(parts)
     if by_rows: block = np.reshape(block, out_shape + in_shape)
