@@ -172,6 +172,8 @@ def _parameter_keys(x, owner, path, keys):
     elif is_container(x):
         for key, value in items(x): _parameter_keys(value, owner, path + (key,), keys)
 
+def _shape(x): return x.shape if type(x) is np.ndarray else np.shape(x)
+
 def _leaf_labels(x, where, labels):
     "For each leaf of `x`, in `flatten`'s order, its name (`Net.layers[0].weight`), for an error message."
     if is_leaf(x): labels.append(where); return
@@ -190,7 +192,7 @@ def _gathered(model, gradient, where):
     grads, first = [], {}
     for i, (key, leaf, g) in enumerate(zip(keys, leaves, leaves_like(model, gradient, where))):
         if g is None: g = leaf * 0                                 # None: no gradient, a zero one
-        elif np.shape(g) != np.shape(leaf):                        # refused before the optimizer changes anything
+        elif _shape(g) != _shape(leaf):                            # refused before the optimizer changes anything
             labels = []; _leaf_labels(model, '', labels)
             raise ShapeError(f"{where}{labels[i]} has shape {tuple(np.shape(g))}, but the model's {type(model).__name__}"
                              f"{labels[i]} has shape {tuple(np.shape(leaf))}: nothing was changed, neither the model nor the optimizer")
@@ -200,6 +202,8 @@ def _gathered(model, gradient, where):
     return rebuild(grads, construct=False)
 
 # %% ../nbs/04_custom_derivatives.ipynb #cB04a09
+class _Unfit(Exception): "A kept state of another shape than its parameter's: `Optimizer.fits` says which."
+
 class Optimizer:
     "What every optimizer shares: the class of model it was made for, checked at each `update`."
     def __init__(self, model):
@@ -215,6 +219,13 @@ class Optimizer:
                 raise DifferentiationError(f"{op}: the {what} is a {type(x).__name__}, but this optimizer was made "
                                            f"for a {self.model_class.__name__}: pass that model and its gradient")
         return _gathered(model, along, f"{op}: along")
+    def kept(self, f, state, g, what):
+        "`tree_map(f, state, g)`: a state kept from earlier steps, updated by gradient `g`, once `fits` finds it fits."
+        def fitted(s, p):
+            if _shape(s) != _shape(p): raise _Unfit()
+            return f(s, p)
+        try: return tree_map(fitted, state, g)
+        except (_Unfit, DifferentiationError): self.fits(state, g, what); raise
     def fits(self, state, g, what):
         """Refuse a state kept from earlier steps (`what`: the velocity, the averages) that no longer fits the
         parameters of gradient `g`: a parameter of another shape, or a model of another structure."""
@@ -223,9 +234,9 @@ class Optimizer:
         except DifferentiationError as e:
             raise DifferentiationError(f"{op}: the model's parameters are not those this optimizer's {what} was kept "
                                        f"for ({e}). To start afresh, {start}") from None
-        labels = []; _leaf_labels(g, self.model_class.__name__, labels)
-        for label, s, p in zip(labels, kept, flatten(g, static_ok=True)[0]):
+        for i, (s, p) in enumerate(zip(kept, flatten(g, static_ok=True)[0])):
             if np.shape(s) != np.shape(p):
+                labels = []; _leaf_labels(g, self.model_class.__name__, labels); label = labels[i]
                 raise ShapeError(f"{op}: {label} now has shape {tuple(np.shape(p))}, but the {what} this optimizer kept for "
                                  f"it from earlier steps has shape {tuple(np.shape(s))}: it belongs to another parameter, "
                                  f"so nothing was changed. To start afresh, {start}")
@@ -245,9 +256,7 @@ class SGD(Optimizer):
         the model is refused (`fits`), leaving the model and the velocity as they were."""
         g = self.checked(model, along)
         if self.velocity is None or self.momentum == 0: velocity = g
-        else:
-            self.fits(self.velocity, g, 'velocity')
-            velocity = tree_map(lambda v, g: self.momentum * v + g, self.velocity, g)
+        else: velocity = self.kept(lambda v, g: self.momentum * v + g, self.velocity, g, 'velocity')
         model.move(along=tree_map(lambda v: -self.learning_rate * v, velocity))
         self.velocity = velocity                                 # kept once the model has moved
         return model
@@ -271,8 +280,8 @@ class Adam(Optimizer):
         g = self.checked(model, along)
         (b1, b2), steps = self.betas, self.steps + 1
         if self.m is None: m, v = tree_map(lambda g: g * 0, g), tree_map(lambda g: g * 0, g)
-        else: self.fits(self.m, g, 'running average of the gradient'); m, v = self.m, self.v
-        m = tree_map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+        else: m, v = self.m, self.v
+        m = self.kept(lambda m, g: b1 * m + (1 - b1) * g, m, g, 'running average of the gradient')
         v = tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
         m_scale, v_scale = 1 / (1 - b1 ** steps), 1 / (1 - b2 ** steps)               # the bias corrections
         model.move(along=tree_map(lambda m, v: -self.learning_rate * (m * m_scale) / ((v * v_scale) ** 0.5 + self.eps), m, v))
