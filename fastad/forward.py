@@ -9,6 +9,7 @@ __all__ = ['value_with_differential', 'differential', 'jacobian', 'hessian', 'he
 import inspect, linecache, os, sys, traceback
 import numpy as np
 from .backend import array_module
+from .primitives import _module_under
 from .engine import Traced, backward, unbox
 from .errors import DifferentiationError, NonScalarOutputError, _name
 from .tree import flatten, leaves_like, is_container
