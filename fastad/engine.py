@@ -33,8 +33,8 @@ class Recording:
         self.level, self.tape, self.active, self.stopped, self.consumed = next(Recording._levels), [], True, False, False
         self.locks = self.arguments = self.argument_roots = self.views = self.written = None
     def new_input(self, value):
-        "Wrap `value` as an input of this recording."
-        return _new(self, value, None)
+        "Wrap `value` as an input of this recording (a traced `value`, of an outer one, through an alias: see `_alias`)."
+        return _new(self, _alias(value) if type(value) is Traced else value, None)
 
 # The primitive log belongs to the thread (or asyncio task) that opened it. Reading a ContextVar costs more
 # than a global, so the hot path first checks `_logging`, which is 0 unless some log is open somewhere.
@@ -58,6 +58,13 @@ def _new(recording, value, entry):
     t.value, t._recording, t.idx = value, recording, len(recording.tape)
     recording.tape.append(entry)
     return t
+
+def _alias(t):
+    """Another traced value for `t`'s tape entry: what `t.copy()` gives, and what a chain or an inner recording keeps
+    of `t`, so that a later `t op= y` (which changes `t` itself: see the in-place operators) leaves what they read alone."""
+    a = Traced.__new__(Traced)
+    a.value, a._recording, a.idx = t.value, t._recording, t.idx
+    return a
 
 def _used_after_its_transform():
     return DifferentiationError("a traced value was used after its transform finished: return it from the "
@@ -96,7 +103,8 @@ def apply(prim, args, kwargs=_NO_KWARGS):
         if type(a) is Traced and (top is None or a._recording.level > top.level): top = a._recording
     if top is None: return prim(*args, **kwargs)      # nothing traced among the inputs
     if not top.active: raise _used_after_its_transform()
-    vals = [a.value if type(a) is Traced and a._recording is top else a for a in args]
+    # an operand of an outer recording reaches the rule as an alias: its chains keep that, never the user's name for it
+    vals = [(a.value if a._recording is top else _alias(a)) if type(a) is Traced else a for a in args]
     ans, chains = prim.vwc(*vals, **kwargs)
     if type(chains) is not tuple or type(ans) is tuple: return record(top, prim.name, args, ans, chains, kwargs)
     # A real input meets a complex constant only here (a Python number's fast path takes floats and ints), so
@@ -372,7 +380,7 @@ def __mod__(self: Traced, o): return apply(_MOD.rule, (self, o))
 @patch
 def __rmod__(self: Traced, o): return apply(_MOD.rule, (o, self))
 @patch
-def __pos__(self: Traced): return self
+def __pos__(self: Traced): return _alias(self)      # a new array in NumPy: `x += 1` later leaves it alone
 @patch
 def __abs__(self: Traced): return apply(_ABS.rule, (self,))
 # piecewise constant: a plain result, no derivative (as numpy.floor_divide and numpy.round)
@@ -469,9 +477,10 @@ def astype(self: Traced, dtype, copy=True):
     kind = np.dtype(dtype).kind
     if kind == 'c': raise _complex('astype')
     if kind != 'f': return unbox(self).astype(dtype)   # integers and booleans carry no derivative
+    if not copy and np.dtype(dtype) == self.dtype: return self    # as NumPy: x itself
     return apply(_ASTYPE, (self,), dict(dtype=dtype))
 @patch
-def copy(self: Traced): return self                       # traced values are never changed in place
+def copy(self: Traced): return _alias(self)               # a value of its own: a later `x op= y` leaves it as it was
 # methods that are NumPy functions of the same name: each reaches that function's row of the registry
 @patch
 def prod(self: Traced, axis=None, **kw): return np.prod(self, axis=axis, **kw)
@@ -525,8 +534,8 @@ _HABITS = {     # what PyTorch, JAX and autograd users reach for, and what to wr
 }
 
 def _copy(self, memo=None):
-    "`copy.copy` and `copy.deepcopy` of a traced value: the value itself, which nothing changes in place (as `.copy()`)."
-    return self
+    "`copy.copy` and `copy.deepcopy` of a traced value: as `.copy()`, the same value and derivative, in a traced value of its own."
+    return _alias(self)
 
 def _refuse_pickle(self, protocol=None):
     raise DifferentiationError("pickle: a traced value cannot be pickled: it belongs to a transform that is running, "
@@ -701,7 +710,8 @@ def argument_roots(recording):
 
 def release(recording):
     """Give back the arrays `recording` locked: each becomes writeable when no other recording holds it, its views with it
-    (owner first: a view's flag can be set only while its owner's is). Safe to call twice."""
+    (owner first: a view's flag can be set only while its owner's is). Safe to call twice; never raises (it runs while
+    an error of the user's is on its way out)."""
     locks, recording.locks = recording.locks, None
     if not locks: return
     with _locked_lock:
@@ -710,11 +720,17 @@ def release(recording):
             if entry is None or entry[0] is not arr: continue    # a view, or the user's read-only array
             if entry[1] > 1: entry[1] -= 1; continue  # another recording still reads it
             del _locked[key]
-            arr.setflags(write=True)
+            _writeable(arr)
             if entry[2] is None: continue             # no view of it was flagged
             for ref in list(entry[2].values()):
                 view = ref()
-                if view is not None: view.setflags(write=True)
+                if view is not None: _writeable(view)
+
+def _writeable(a):
+    """Make `a` writeable again, where NumPy allows it: not for an array over memory that no array owns and that does
+    not say it can be written (SciPy's `odeint` hands the function such views of its state): that one stays read-only."""
+    try: a.setflags(write=True)
+    except ValueError: pass
 
 # %% ../nbs/03b_engine.ipynb #795bcf1b
 _pending_releases = set()     # the weak references release_when_dropped made: a weak reference must live for its callback to run
@@ -815,26 +831,62 @@ def _refuse_written(recording, name, args):
 
 # %% ../nbs/03b_engine.ipynb #87925543
 def _in_place(symbol, operator):
-    "`x op= y` on a traced `x`: a new traced value, as `x = x op y`, unless x shares memory (NumPy would change both)."
+    """`x op= y` on a traced `x`. An array changes, as in NumPy: `x op y` is recorded as usual (a new tape entry, in a
+    new buffer), then `x` itself stands for it (`_become`), so every name bound to `x` sees the new value, while the
+    entries recorded before keep x's old entry and value. A number (a Python float, a NumPy scalar) cannot change: the
+    name alone is bound to the result, as in Python. Refused where x shares memory with another traced value."""
     def in_place(self, other):
-        if _shares_memory(self):
-            raise DifferentiationError(
-                f"x {symbol} y: x is a traced array that shares memory with another traced array (a view such as "
-                f"x[:1], x.T or x.reshape(...), the array such a view was taken of, or another argument passed "
-                f"the same array). NumPy would change both in "
-                f"place; fastad records values, not memory, and would change x alone: a wrong value and gradient. "
-                f"Write x = x {symbol[:-1]} y to make a new array (the other keeps its value), or build the "
-                f"result you want with numpy.where or numpy.concatenate")
+        value = unbox(self)
+        if type(value) is not _ndarray and (type(value) in _NUMBERS or isinstance(value, np.generic)):
+            return operator(self, other)              # immutable: the name alone is bound to the result
+        if not self._recording.active: raise _used_after_its_transform()
+        if _shares_memory(self): raise _shared(symbol)
         _note_written(self)
-        return operator(self, other)
+        new = operator(self, other)
+        if type(new) is Traced and new._recording is self._recording:     # the usual case, checked in a line
+            v = unbox(new)
+            if type(v) is _ndarray and type(value) is _ndarray and v.shape == value.shape and v.dtype == value.dtype:
+                self.value, self.idx = new.value, new.idx
+                return self
+        return _become(self, new, symbol)
     in_place.__name__ = f"__i{operator.__name__[2:]}"
-    in_place.__doc__ = f"`x {symbol} y`: a new traced value, refused where x shares memory with another traced value."
+    in_place.__doc__ = f"`x {symbol} y`: x changes to `x {symbol[:-1]} y`, as in NumPy (refused where x shares memory)."
     return in_place
+
+def _become(t, new, symbol):
+    "Make traced `t` stand for `new`, its value after `t op= y`, checked as NumPy checks a result written in place."
+    op = symbol[:-1]
+    if type(new) is not Traced: new = _new(t._recording, new, ('floor_divide', ()))   # x //= y: no derivative
+    elif new._recording is not t._recording:
+        raise DifferentiationError(
+            f"x {symbol} y: y is traced by a transform running inside the one x belongs to (x comes from an outer "
+            f"function), so x would carry y's derivative out of that transform. Write z = x {op} y, a new name")
+    old, value = unbox(t), unbox(new)
+    if _shape(value) != _shape(old):
+        raise DifferentiationError(f"x {symbol} y: the result has shape {_shape(value)} but x has shape {_shape(old)}, "
+                                   f"so NumPy cannot write it into x. Write x = x {op} y to make a new array")
+    before, after = getattr(old, 'dtype', None), getattr(value, 'dtype', None)
+    if before != after:
+        if not np.can_cast(after, before, 'same_kind'):
+            raise DifferentiationError(f"x {symbol} y: the result is {after}, which NumPy does not cast to x's {before} "
+                                       f"in place. Write x = x {op} y to make a new array")
+        new = new.astype(before)                      # as NumPy: float32 x += float64 y stays float32
+    t.value, t.idx = new.value, new.idx
+    return t
+
+def _shared(symbol):
+    return DifferentiationError(
+        f"x {symbol} y: x is a traced array that shares memory with another traced array (a view such as "
+        f"x[:1], x.T or x.reshape(...), the array such a view was taken of, or another argument passed "
+        f"the same array). NumPy would change both in "
+        f"place; fastad records values, not memory, and would change x alone: a wrong value and gradient. "
+        f"Write x = x {symbol[:-1]} y to make a new array (the other keeps its value), or build the "
+        f"result you want with numpy.where or numpy.concatenate")
 
 Traced.__iadd__, Traced.__isub__ = _in_place('+=', Traced.__add__), _in_place('-=', Traced.__sub__)
 Traced.__imul__, Traced.__itruediv__ = _in_place('*=', Traced.__mul__), _in_place('/=', Traced.__truediv__)
 Traced.__ipow__, Traced.__imod__ = _in_place('**=', Traced.__pow__), _in_place('%=', Traced.__mod__)
-Traced.__imatmul__ = _in_place('@=', Traced.__matmul__)
+Traced.__imatmul__, Traced.__ifloordiv__ = _in_place('@=', Traced.__matmul__), _in_place('//=', Traced.__floordiv__)
 
 # %% ../nbs/03b_engine.ipynb #e8ba8422
 _collector_lock = threading.Lock()

@@ -58,7 +58,8 @@ def _as_gradient(ct, primal, seen):
         if ct.base is not None or id(ct) in seen: ct = ct.copy()      # the common case, checked in one line
         seen.add(id(ct))
         return ct
-    if type(ct) is Traced or type(primal) is Traced: return ct      # inside a nested transform: stays traced
+    if type(ct) is Traced: return engine._alias(ct)                 # inside a nested transform: stays traced, a value
+    if type(primal) is Traced: return ct                            # of its own (never the caller's, nor another's)
     if type(primal) is float: return float(to_host(ct))
     if isinstance(primal, np.generic): return type(primal)(to_host(ct))      # a 0-d device value, read back on purpose
     module = array_module(primal)
@@ -99,7 +100,9 @@ def value_with_pullback(f, *args, argnums=None):
     return value, (pb if shaped is None else lambda v: shaped(pb(v)))
 
 def _read_only(v):
-    "A read-only view of array `v`, the tape's own: a write into it would change what a pullback reads."
+    """A read-only view of array `v`, the tape's own: a write into it would change what a pullback reads. A traced `v`
+    (of an outer transform) gets an alias, which `v += 1` changes alone (see the engine's in-place operators)."""
+    if type(v) is Traced: return engine._alias(v)
     if type(v) is not np.ndarray or not v.flags.writeable: return v
     v = v.view()
     v.flags.writeable = False
@@ -135,7 +138,8 @@ def _recorded(f, args, once, depth):
         if not recorded: engine.release(trace)         # f raised: no tape, nothing stays locked
     try:
         outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
-        value = rebuild_out([unbox(o, trace) if once else _read_only(unbox(o, trace)) for o in outs])
+        values = [unbox(o, trace) for o in outs]      # once: the tape's own arrays; a traced one (of an outer level): an alias
+        value = rebuild_out([_read_only(v) if not once or type(v) is Traced else v for v in values])
     except BaseException: engine.release(trace); raise
     mine = [o if type(o) is Traced and o._recording is trace else None for o in outs]
     if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
@@ -343,7 +347,7 @@ def _leaf_spec(leaf):
 def _at_the_door(c, spec):
     """Cotangent `c` as the custom pullback gets it: an ndarray (never a matrix) of the output's dtype, read-only,
     since the backward pass shares it with other branches and with the caller (a device array: a copy of its own)."""
-    if type(c) is Traced: return c                      # a higher order: traced values are never written
+    if type(c) is Traced: return engine._alias(c)       # a higher order: `g *= 3` then changes this alias alone
     shape, dtype, module = spec
     if isinstance(c, np.matrix): c = np.asarray(c)
     own = getattr(c, 'dtype', None)

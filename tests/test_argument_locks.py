@@ -46,3 +46,24 @@ def test_a_gradient_penalty_through_a_dense_layer_refuses_a_write_into_its_weigh
     with pytest.raises(DifferentiationError, match="backward pass reads was written"):
         fd.value_with_gradient(lambda Wt: penalty(Wt, True), W)
     assert W.flags.writeable and np.array_equal(W, before)
+
+
+def test_a_failure_inside_scipy_is_not_hidden_by_giving_the_locks_back():
+    integrate = pytest.importorskip('scipy.integrate')
+    def rhs(y, t, k):
+        dy = -k * y                                   # y: odeint's view of its state, kept by multiply's chain
+        raise RuntimeError("the model's own error")
+    def f(k): return integrate.odeint(rhs, np.array([1.0]), np.linspace(0., 1., 5), args=(k,)).sum()
+    k = np.array([0.3])
+    with pytest.raises(RuntimeError, match="the model's own error"):   # before: ValueError: cannot set WRITEABLE flag
+        fd.gradient(f, k)
+    assert k.flags.writeable                          # the argument is the user's again
+
+def test_release_never_raises():
+    from fastad import engine
+    r = engine.Recording(); r.locks = {}
+    view = np.lib.stride_tricks.as_strided(np.ones(4), (2,), (8,))   # NumPy cannot make it writeable again, once
+    engine.lock(r, view, 'multiply')                                  # read-only (as odeint's view of its state)
+    assert not view.flags.writeable
+    engine.release(r)                                 # gives back what it can, and never raises
+    assert r.locks is None

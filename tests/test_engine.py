@@ -431,3 +431,140 @@ def test_shape_queries_on_traced_values_are_plain():
     assert np.shape(x) == (2, 3) and np.ndim(x) == 2 and np.size(x) == 6 and np.shape(x.value) == (2, 3)
     assert np.result_type(x, np.float32) == np.float64
     t.active = False
+
+
+# ---- x op= y changes the traced array itself, as NumPy changes the array: every name bound to it sees it ----
+
+def _numerical(f, x, eps=1e-6):
+    "Central differences of f at vector x (f gets a fresh copy each time): f's shape, then x's."
+    columns = []
+    for i in range(len(x)):
+        up, down = x.copy(), x.copy()
+        up[i] += eps; down[i] -= eps
+        columns.append((np.asarray(f(up)) - np.asarray(f(down))) / (2 * eps))
+    return np.stack(columns, axis=-1)
+
+def _as_numpy(f, x): return fd.value_with_gradient(f, x), (f(x.copy()), _numerical(f, x))
+
+def test_in_place_through_a_second_name_matches_numpy():
+    w = np.array([1., 2., 3.])
+    def doubled(x):
+        h = x * w
+        out = h                                     # the same array under a second name
+        out *= 2
+        return (out + h).sum()
+    def layer_norm(x):
+        h = x * w
+        c = h
+        c -= c.mean()                               # centres h too
+        return (c * h).sum() + (h ** 3).sum()
+    def shifted(v):
+        v = v * 1.
+        w_ = v
+        w_ += 1
+        return (v * w_).sum() + v.sum()
+    x = np.array([1., 1.5, -0.5])
+    (value, grad), (numpy_value, numpy_grad) = _as_numpy(doubled, np.ones(3))
+    assert value == numpy_value == 24.0                                     # before: 18.0
+    close(grad, [4., 8., 12.])                                              # before: [3, 6, 9]
+    for f in (layer_norm, shifted):
+        (value, grad), (numpy_value, numpy_grad) = _as_numpy(f, x)
+        close(value, numpy_value); close(grad, numpy_grad, 1e-6)
+
+OPERATORS = {'+=': lambda a, b: a.__iadd__(b), '-=': lambda a, b: a.__isub__(b), '*=': lambda a, b: a.__imul__(b),
+             '/=': lambda a, b: a.__itruediv__(b), '//=': lambda a, b: a.__ifloordiv__(b),
+             '%=': lambda a, b: a.__imod__(b), '**=': lambda a, b: a.__ipow__(b), '@=': lambda a, b: a.__imatmul__(b)}
+
+@pytest.mark.parametrize('op', OPERATORS)
+def test_every_in_place_operator_is_seen_under_every_name(op):
+    c = np.array([[1.5, 0.5], [0.25, 2.]]) if op == '@=' else np.array([[1.5, 2.], [0.75, 3.]])
+    def f(x):
+        x = x.reshape(2, 2)
+        h = np.exp(x) + 1.
+        alias = h
+        if op in ('//=', '%=', '**='): alias = OPERATORS[op](alias, 2.)    # NumPy's own form: `alias //= 2.`
+        else: alias = OPERATORS[op](alias, c)
+        return (h * x).sum() + (alias * alias).sum()            # h, read after: changed too
+    x = np.array([0.1, 0.7, -0.4, 0.3])
+    (value, grad), (numpy_value, numpy_grad) = _as_numpy(f, x)
+    close(value, numpy_value)
+    close(grad, numpy_grad, 1e-5)
+
+def test_earlier_uses_keep_the_old_value_and_its_derivative():
+    def f(x):
+        y = x * x
+        s = np.sin(y)                               # sin's chain keeps y's old value
+        y *= 3.
+        return (s + y).sum()
+    x = np.array([0.3, -1.1])
+    (value, grad), (numpy_value, numpy_grad) = _as_numpy(f, x)
+    close(value, numpy_value); close(grad, numpy_grad, 1e-6)
+
+def test_in_place_in_nested_transforms_and_forward_mode_matches_finite_differences():
+    def f(x):
+        h = x * x
+        out = h
+        out *= np.sin(x)
+        return (out + h).sum()
+    x = np.array([0.4, -0.9, 1.3])
+    numpy_f = lambda x: f(x.copy())
+    close(fd.gradient(f, x), _numerical(numpy_f, x), 1e-6)
+    close(fd.hessian(f, x), _numerical(lambda x: fd.gradient(f, x), x), 1e-5)   # gradient is fd's: checked above
+    t = np.array([1., 2., -0.5])
+    close(fd.differential(f, x)(t), _numerical(numpy_f, x) @ t, 1e-6)
+
+def test_an_outer_value_changed_inside_an_inner_transform_keeps_the_inner_derivative():
+    def outer(x):
+        def inner(y):
+            z = x * y                                # y's chain keeps x as it is now
+            alias = x
+            alias *= 2.                              # x itself changes (NumPy: the array x is written)
+            return (z * y).sum()
+        return fd.gradient(inner, np.array([1., 2.])).sum() + x.sum()
+    x = np.array([0.5, 3.])
+    close(fd.gradient(outer, x), [2. + 2., 4. + 2.])    # d/dx of (2 x y) summed, y = [1, 2], plus d/dx of (2x).sum()
+
+def test_python_and_numpy_scalars_are_not_changed_in_place():
+    def f(x):
+        loss = (x * x).sum()                         # a NumPy scalar: immutable, as in NumPy
+        total = loss
+        total += 1.
+        return loss + total
+    x = np.array([1., 2.])
+    (value, grad), (numpy_value, numpy_grad) = _as_numpy(f, x)
+    assert value == numpy_value == 11.
+    close(grad, numpy_grad, 1e-6)
+    assert fd.gradient(lambda a: (lambda b: (b.__imul__(3.), a)[1])(a) * 2, 1.5) == 2.   # a float: rebinding only
+
+def test_copies_are_values_of_their_own():
+    import copy
+    def f(x):
+        h = x * 2.
+        kept = [h.copy(), +h, copy.copy(h), copy.deepcopy(h), h.astype(np.float64)]
+        h += 1.
+        return sum((k * x).sum() for k in kept) + h.sum()
+    x = np.array([1., 2.])
+    (value, grad), (numpy_value, numpy_grad) = _as_numpy(f, x)
+    close(value, numpy_value); close(grad, numpy_grad, 1e-6)
+
+def test_in_place_refuses_what_numpy_refuses_and_keeps_the_dtype():
+    def grows(x):
+        h = x * 1.
+        h += np.ones((2, 3))                         # NumPy: non-broadcastable output operand
+        return h.sum()
+    with pytest.raises(DifferentiationError, match=r"x \+= y: the result has shape \(2, 3\) but x has shape \(3,\)"):
+        fd.gradient(grows, np.ones(3))
+    def narrow(x):
+        h = x * np.float32(1)
+        h += np.array([0.5, 0.25])                   # float64 into float32: NumPy keeps float32
+        assert h.dtype == np.float32
+        return h.sum()
+    assert fd.gradient(narrow, np.ones(2, np.float32)).dtype == np.float32
+    def escapes(x):
+        def inner(y):
+            alias = x
+            alias += y                               # x would carry y's derivative out of the inner transform
+            return y.sum()
+        return fd.gradient(inner, np.ones(2)).sum() + x.sum()
+    with pytest.raises(DifferentiationError, match=r"x \+= y: y is traced by a transform running inside"):
+        fd.gradient(escapes, np.ones(2))

@@ -402,3 +402,41 @@ def test_vjps_and_hooks_are_checked():
     with pytest.raises(DifferentiationError, match=r"two: these arguments do not fit its VJP \(a, b\): too many positional arguments"): two(1.0, 2.0, 3.0)
     with pytest.raises(DifferentiationError, match=r"with_derivative: the hook returned shape \(3,\) for a cotangent of shape \(2,\)"):
         fd.gradient(lambda a: fd.with_derivative(a, lambda g: np.ones(3)).sum(), np.ones(2))
+
+
+def _central(f, x, eps=1e-6):
+    "Central differences of f at vector x: f's shape, then x's."
+    columns = []
+    for i in range(len(x)):
+        up, down = x.copy(), x.copy()
+        up[i] += eps; down[i] -= eps
+        columns.append((np.asarray(f(up)) - np.asarray(f(down))) / (2 * eps))
+    return np.stack(columns, axis=-1)
+
+def _triple_in_place(g): g *= 3                          # the docstring allows it: None returned, g changed
+def _triple_returned(g): return g * 3
+
+@pytest.mark.parametrize('hook', [_triple_in_place, _triple_returned])
+def test_a_hook_that_changes_g_in_place_counts_in_every_higher_order(hook):
+    def f(x):
+        y = fd.with_derivative(x * x, hook)              # the derivative through y is tripled
+        return (np.sin(y) * np.cos(x)).sum()
+    def tripled(x):                                       # what f's gradient is, written out: a plain function
+        return 3 * np.cos(x * x) * 2 * x * np.cos(x) - np.sin(x * x) * np.sin(x)
+    x, t = np.array([0.3, -1.2, 2.0]), np.array([1., 2., -1.])
+    grad = fd.gradient(f, x)
+    np.testing.assert_allclose(grad, tripled(x), rtol=1e-9)
+    hessian = np.diag(_central(tripled, x).diagonal())   # tripled is elementwise: its Jacobian is diagonal
+    np.testing.assert_allclose(fd.hessian(f, x), hessian, rtol=1e-6, atol=1e-6)   # before (in place): [-0.591, ...]
+    np.testing.assert_allclose(fd.jacobian(fd.gradient(f), x), hessian, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(fd.differential(f, x)(t), grad @ t, rtol=1e-9)   # before (in place): 3.776, not 11.33
+    def g(x):                                             # more outputs than inputs: the Jacobian by columns
+        y = fd.with_derivative(x * x, hook)
+        return np.stack([np.sin(y).sum(), (y * x).sum(), np.cos(y[0])])
+    def g_tripled(x):                                     # g's Jacobian, the derivative through y tripled
+        dy = 3 * 2 * x
+        return np.stack([np.cos(x * x) * dy, dy * x + x * x, -np.sin(x[0] ** 2) * dy[0] * np.eye(2)[0]])
+    x2 = np.array([0.7, -0.4])
+    np.testing.assert_allclose(fd.jacobian(g, x2), g_tripled(x2), rtol=1e-9)
+    rows = np.stack([fd.gradient(lambda x: g(x)[i], x2) for i in range(3)])      # by rows, one pullback each
+    np.testing.assert_allclose(rows, g_tripled(x2), rtol=1e-9)
