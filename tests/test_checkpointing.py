@@ -306,3 +306,17 @@ def test_checkpoint_sequential_refuses_bad_input():
     with pytest.raises(ArgumentError, match=r'layers\[1\] is a int'): fd.checkpoint_sequential([layers[0], 3], segments=1)
     with pytest.warns(fd.BudgetWarning, match='no plan that recomputes each layer at most once fits in 10 bytes'):
         fd.checkpoint_sequential(layers, budget=10)(np.ones((1, 2), dtype=np.float32))   # runs the smallest-peak plan
+
+
+def test_a_recomputation_that_reorders_its_values_is_refused():
+    rng = np.random.default_rng(3)                        # a generator of the user's, not named in generators=
+    def shuffled(x): return x[rng.permutation(len(x))]
+    w = np.arange(1., 7.)
+    def loss(x): return (fd.with_recomputation_in_pullbacks(x, shuffled) * w).sum()
+    with pytest.raises(DifferentiationError, match=r"\(the same sum, its values moved or changed\).*generators=\[rng\]"):
+        fd.gradient(loss, np.arange(6.))                  # before: a gradient of another permutation, without a word
+    rng, named = np.random.default_rng(3), np.random.default_rng(3)
+    perm = named.permutation(6)
+    def replayed(x): return (fd.with_recomputation_in_pullbacks(x, shuffled, generators=[rng]) * w).sum()
+    grad = np.zeros(6); grad[perm] = w                    # x[perm] * w: x[perm[i]] gets w[i]
+    np.testing.assert_array_equal(fd.gradient(replayed, np.arange(6.)), grad)
