@@ -682,7 +682,7 @@ def _copyto(dst, src, casting='same_kind', where=True):
                                "and np.full_like(plain, x) use it); build a new array instead: np.broadcast_to(x, shape), np.where or np.stack")
 
 register_adapters({np.linspace: _linspace, np.logspace: _logspace, np.full_like: _full_like,
-                   np.copy: lambda a, order='K', subok=False: a})
+                   np.copy: lambda a, order='K', subok=False: a.copy()})   # a value of its own: a later `a += 1` leaves it alone
 register(np.copyto, adapt=_copyto, refused=True)      # its adapter explains the refusal: no derivative
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #s2a1b0c2

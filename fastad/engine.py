@@ -383,11 +383,12 @@ def __rmod__(self: Traced, o): return apply(_MOD.rule, (o, self))
 def __pos__(self: Traced): return _alias(self)      # a new array in NumPy: `x += 1` later leaves it alone
 @patch
 def __abs__(self: Traced): return apply(_ABS.rule, (self,))
-# piecewise constant: a plain result, no derivative (as numpy.floor_divide and numpy.round)
+# piecewise constant: a plain result, no derivative (as numpy.round); NumPy's floor_divide, so a Python float // 0.0
+# is NumPy's inf or nan, not Python's ZeroDivisionError
 @patch
-def __floordiv__(self: Traced, o): return unbox(self) // unbox(o)
+def __floordiv__(self: Traced, o): return np.floor_divide(unbox(self), unbox(o))
 @patch
-def __rfloordiv__(self: Traced, o): return unbox(o) // unbox(self)
+def __rfloordiv__(self: Traced, o): return np.floor_divide(unbox(o), unbox(self))
 @patch
 def __round__(self: Traced, ndigits=None): return round(unbox(self), ndigits)
 

@@ -540,12 +540,20 @@ def test_copies_are_values_of_their_own():
     import copy
     def f(x):
         h = x * 2.
-        kept = [h.copy(), +h, copy.copy(h), copy.deepcopy(h), h.astype(np.float64)]
+        kept = [h.copy(), +h, copy.copy(h), copy.deepcopy(h), h.astype(np.float64), np.copy(h)]
         h += 1.
         return sum((k * x).sum() for k in kept) + h.sum()
     x = np.array([1., 2.])
     (value, grad), (numpy_value, numpy_grad) = _as_numpy(f, x)
     close(value, numpy_value); close(grad, numpy_grad, 1e-6)
+
+def test_floor_division_of_python_floats_follows_numpy_at_zero():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', RuntimeWarning)
+        value, grad = fd.value_with_gradient(lambda x: x // 0.0 + 0.0 // x + x, 1.0)
+        assert np.isinf(value) and grad == 1.0 and type(grad) is float     # Python's // raised ZeroDivisionError
+        assert np.isnan(fd.value_with_gradient(lambda x: x // 0.0 + x, 0.0)[0])
 
 def test_in_place_refuses_what_numpy_refuses_and_keeps_the_dtype():
     def grows(x):

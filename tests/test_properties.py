@@ -918,7 +918,7 @@ spec("x.conj", ["Traced.conj", "Traced.conjugate"], lambda x: x.conj() * x.conju
 # operators (`//`, round: a plain result), in-place assignment (refused), and the dispatch machinery itself.
 NOT_OPERATIONS = {
     '__repr__', '__array_ufunc__', '__array_function__', '__fastad_primitive__', '__array__', '__getattr__',
-    '__floordiv__', '__rfloordiv__', '__round__', '__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__',
+    '__floordiv__', '__rfloordiv__', '__ifloordiv__', '__round__', '__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__',
     '__bool__', '__float__', '__int__', '__complex__', '__index__', '__len__', '__setitem__',
     'shape', 'dtype', 'ndim', 'size', '__init__', '__new__', '__hash__',
     '__copy__', '__deepcopy__', '__format__', '__reduce__', '__reduce_ex__',   # tested in test_state_and_habits.py
