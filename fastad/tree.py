@@ -219,6 +219,14 @@ class _Fields:
         return new
 
 # %% ../nbs/03c_tree.ipynb #t3c0000c
+_ABSENT = object()
+def _on_class(cls, name):
+    "What the class body of `cls` or of a base says `name` is (not an instance's value); `_ABSENT` if none does."
+    for c in cls.__mro__:
+        if name in c.__dict__: return c.__dict__[name]
+    return _ABSENT
+def _is_descriptor(v): return v is not _ABSENT and hasattr(type(v), '__get__')   # cached_property, property, a method
+
 @patch
 def forget_derived(self: _Fields, new):
     "A copy built without the model's code has no derived values, which would be the model's, stale: see below."
@@ -227,12 +235,13 @@ def forget_derived(self: _Fields, new):
     for name in [k for k in getattr(new, '__dict__', {}) if k not in self.declared]: del new.__dict__[name]
 @patch
 def undeclared(self: _Fields, x):
-    "The attributes of model `x` that hold arrays or models but are not fields: `[(name, value)]`."
-    return [(k, v) for k, v in getattr(x, '__dict__', {}).items() if k not in self.declared and _holds_leaves(v)]
+    "The attributes of model `x` that hold arrays or models but are neither fields nor caches: `[(name, value)]`."
+    return [(k, v) for k, v in getattr(x, '__dict__', {}).items()
+            if k not in self.declared and _holds_leaves(v) and not _is_descriptor(_on_class(type(x), k))]
 @patch
 def check_undeclared(self: _Fields, x, where, found=None):
     """Refuse parameters that are not fields (`found`, or all of `x`'s): set by an `__init__` of the model's own
-    (PyTorch's habit), or on the model after it was made (`m.extra = np.ones(3)`). fastad would not see them."""
+    (PyTorch's habit), or on the model after it was made over a class attribute (`m.temperature = np.ones(3)`)."""
     found = self.undeclared(x) if found is None else found
     if not found: return
     name, v, cls = *found[0], type(x).__name__
@@ -247,12 +256,14 @@ def check_undeclared(self: _Fields, x, where, found=None):
         f"it, {_FIELD_FORM}; to keep it fixed, declare `{name}: object = fd.nondifferentiable(default=None)` and pass it in")
 @patch
 def carry_settings(self: _Fields, x, new):
-    """Give `new`, built from `x`'s fields, what `x` holds beyond them that `new`'s constructor did not derive again:
-    a setting (`m.temperature = 4.0` over a class attribute) is copied, so the copy computes what `x` does; an array is refused."""
-    into = new.__dict__
+    """Give `new`, built from `x`'s fields, the settings of `x`: attributes that shadow a plain class attribute
+    (`m.temperature = 4.0` over `temperature = 1.0`), so the copy computes what `x` does; an array there is refused."""
+    into, cls = new.__dict__, type(x)
     for name, v in x.__dict__.items():
         if name in self.declared or name in into: continue      # a field, or derived again from the new fields
-        if _holds_leaves(v): self.check_undeclared(x, type(x).__name__, [(name, v)])
+        on_class = _on_class(cls, name)
+        if on_class is _ABSENT or _is_descriptor(on_class): continue     # a cache (cached_property) or the instance's own
+        if _holds_leaves(v): self.check_undeclared(x, cls.__name__, [(name, v)])
         into[name] = v                                          # the instance's own value, not the class's
 @patch
 def check_derived(self: _Fields, new):

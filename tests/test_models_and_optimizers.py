@@ -1,5 +1,5 @@
 "Models as a PyTorch, Keras or JAX user writes them, and the pieces of a training loop (issues 25, 24 and 18)."
-import dataclasses, inspect
+import dataclasses, functools, inspect
 import numpy as np
 import pytest
 import fastad as fd
@@ -307,9 +307,35 @@ def test_an_array_set_on_the_instance_is_refused_with_the_field_form():
         def __post_init__(self): self.twice = self.w * 2
     d = Derived(np.ones(2)); d.scale = 2.0
     close(fd.gradient(lambda d: (d.twice / d.scale).sum(), d).w, [1.0, 1.0])        # was [2, 2]: scale read as 1.0
-    d.extra = np.ones(2)
-    with pytest.raises(DifferentiationError, match="Derived.extra is a ndarray set on the model after it was made"):
-        fd.gradient(lambda d: (d.twice * d.extra).sum(), d)
+    d.scale = np.ones(2)                                  # over a plain class attribute: a parameter fastad would not see
+    with pytest.raises(DifferentiationError, match="Derived.scale is a ndarray set on the model after it was made"):
+        fd.gradient(lambda d: (d.twice * d.scale).sum(), d)
+
+class Cached(fd.Differentiable):
+    w: np.ndarray
+    @functools.cached_property
+    def scale(self): return np.sum(self.w ** 2)           # a cache in the instance's __dict__, not a setting
+    @functools.cached_property
+    def total(self): return float(np.sum(self.w))
+
+class CachedDerived(Cached):                              # built through its constructor, not field by field
+    def __post_init__(self): self.twice = self.w * 2
+
+@pytest.mark.parametrize('cls', [Cached, CachedDerived])
+def test_an_array_cached_property_is_computed_again_not_refused(cls):
+    m = cls(np.array([1.0, 2.0])); assert m.scale == 5.0                    # cached on the instance
+    close(fd.gradient(lambda m: m.scale * m.w[0], m).w, [7.0, 4.0])        # was refused: "set on the model after it was made"
+    close(fd.tree_map(lambda a: a * 10, m).scale, 500.0)
+    vector, unravel = fd.ravel(m); close(unravel(2 * vector).scale, 20.0)
+    for opt in (fd.SGD(m, 0.1), fd.Adam(m)):
+        opt.update(m, along=fd.gradient(lambda m: m.scale, m))
+
+@pytest.mark.parametrize('cls', [Cached, CachedDerived])
+def test_a_float_cached_property_is_not_carried_stale(cls):
+    n = cls(np.array([1.0, 2.0])); assert n.total == 3.0
+    assert fd.tree_map(lambda a: a * 10, n).total == 30.0                  # was 3.0, the model's cache
+    vector, unravel = fd.ravel(n); assert unravel(2 * vector).total == 6.0
+    assert 'total' not in fd.gradient(lambda n: n.w.sum(), n).__dict__
 
 class Offsets(fd.Differentiable):
     w: np.ndarray
