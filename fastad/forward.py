@@ -17,14 +17,17 @@ from .transforms import (value_with_pullback, gradient, value_with_gradient, wit
                                _differentiated, _zeros_like, _value_with_pullback)
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00007
+_TINY = 2.0 ** -30                  # near zero for a hook linear only there, far from underflow in float32
+
 def _generic(leaf):
-    "A cotangent for `leaf` with no zero entry (each in [1, 2), all different); zeros for an integer leaf."
+    "A cotangent for `leaf` with no zero entry (each tiny, in 2**-30 * [1, 2), all different); zeros for an integer leaf."
     zero = _zeros_like(leaf)
-    if type(zero) is float: return 1.0
+    if type(zero) is float: return _TINY
     if zero.dtype.kind not in 'fc': return zero
-    if isinstance(zero, np.generic): return type(zero)(1)
+    scale = max(_TINY, 2.0 ** (np.finfo(zero.dtype).minexp // 2))      # float16: 2**-7, well above its underflow
+    if isinstance(zero, np.generic): return type(zero)(scale)
     steps = np.arange(np.size(zero)) * 0.6180339887498949 % 1           # the golden ratio's multiples, mod 1
-    return zero + array_module(zero).asarray((1 + steps).reshape(np.shape(zero)), dtype=zero.dtype)
+    return zero + array_module(zero).asarray((scale * (1 + steps)).reshape(np.shape(zero)), dtype=zero.dtype)
 
 def _generic_like(value):
     "A cotangent shaped like `value` (any structure) with no zero entry: where the transposed pullback is taken."
@@ -35,12 +38,17 @@ def _generic_like(value):
 _CONVERTED = ('cannot become a plain NumPy array', '`out=` argument cannot be differentiated')
 _LIBRARIES = tuple(os.path.dirname(inspect.getfile(m)) + os.sep for m in (np, sys.modules[Traced.__module__]))
 
+def _libraries():
+    "The directories of NumPy, fastad and, when it is imported (never by fastad), SciPy."
+    scipy = getattr(sys.modules.get('scipy'), '__file__', None)
+    return _LIBRARIES + ((os.path.dirname(scipy) + os.sep,) if scipy else ())
+
 def _pullback_line(tb):
-    "`(file, line)` of the innermost frame of traceback `tb` under a reverse sweep and outside fastad and NumPy, or None."
-    found, swept = None, False
+    "`(file, line)` of the innermost frame of traceback `tb` under a reverse sweep and outside `_libraries()`, or None."
+    found, swept, libraries = None, False, _libraries()
     for frame, line in traceback.walk_tb(tb):
         if frame.f_code is backward.__code__: swept = True
-        elif swept and not frame.f_code.co_filename.startswith(_LIBRARIES): found = (frame.f_code.co_filename, line)
+        elif swept and not frame.f_code.co_filename.startswith(libraries): found = (frame.f_code.co_filename, line)
     return found
 
 def _on_traced_cotangents(what, how, instead, run):
@@ -60,7 +68,8 @@ def _on_traced_cotangents(what, how, instead, run):
 def value_with_differential(f, *args, argnums=None):
     """`(f(*args), differential)`: `differential(*tangents)`, one tangent per argument shaped like it (only those
     `argnums` picks), is the Jacobian-vector product, the tangent of the result (forward mode). Built from the
-    pullback, which is linear in its cotangent: the pullback of the pullback is its transpose, the differential."""
+    pullback, which is linear in its cotangent: the pullback of the pullback is its transpose, the differential.
+    Exact only for pullbacks linear in their cotangent; a hook linear only near zero (clipping) is taken on zero's side."""
     f, args, _ = _differentiated('value_with_differential', f, args, argnums)
     value, pb = _value_with_pullback(f, args, once=True)   # run once, below: each tape entry is freed as it runs
     name = _name(f)

@@ -115,6 +115,18 @@ def test_forward_mode_through_checkpointing():
     np.testing.assert_allclose(fd.differential(lambda x: discarding(x), x[None])(t[None]),
                                fd.differential(lambda x: layer(x), x[None])(t[None]))
 
+def test_forward_mode_takes_a_clipping_hook_where_it_is_linear():
+    def f(x):
+        y = fd.with_derivative(np.sin(x), lambda g: np.clip(g, -1, 1))   # linear only for cotangents in [-1, 1]
+        return np.concatenate([y, 2 * y])
+    x = np.array([0.3, 0.7])
+    expected = np.array([[np.cos(.3), 0], [0, np.cos(.7)], [2 * np.cos(.3), 0], [0, 2 * np.cos(.7)]])
+    np.testing.assert_allclose(fd.jacobian(lambda x: f(x)[:2], x), expected[:2])   # by rows: cotangents 0 or 1
+    np.testing.assert_allclose(fd.jacobian(f, x), expected)             # 4 results of 2 arguments: by columns (all 0 before)
+    np.testing.assert_allclose(fd.differential(f, x)(np.array([1., 2.])), expected @ [1., 2.])
+    for dtype in (np.float32, np.float16):
+        np.testing.assert_allclose(fd.differential(f, x.astype(dtype))(np.ones(2, dtype)), expected.sum(1), rtol=2e-3)
+
 def test_differential_nests_inside_gradient():
     assert np.isclose(fd.gradient(lambda x: fd.differential(np.sin, x)(1.0), 0.3), -np.sin(0.3))
 
@@ -295,6 +307,16 @@ def test_a_pullback_that_makes_a_plain_array_is_named_in_forward_mode(kind):
         assert mode in message and f"{__file__}:" in message and LINES[kind] in message, message
         assert 'np.where(m, g, 0)' in message
         assert isinstance(info.value.__cause__, DifferentiationError)
+
+def test_a_pullback_that_calls_scipy_is_named_at_its_own_line_not_scipys():
+    ndimage = pytest.importorskip('scipy.ndimage', reason='SciPy is not installed (optional): pip install scipy')
+    def vjp(x):
+        def pb(g): return ndimage.gaussian_filter1d(g, 1.0)       # SciPy makes g a plain array inside
+        return x * 1.0, pb
+    smooth, x = fd.differentiable_function(vjp, name='smooth'), np.array([1., 2., 3.])
+    with pytest.raises(DifferentiationError) as info: fd.differential(smooth, x)
+    message = str(info.value)
+    assert f"{__file__}:" in message and 'return ndimage.gaussian_filter1d(g, 1.0)' in message, message
 
 def test_a_forward_function_that_makes_a_plain_array_keeps_its_own_error():
     with pytest.raises(DifferentiationError, match='cannot become a plain NumPy array') as info:
