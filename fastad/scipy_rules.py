@@ -111,7 +111,7 @@ def polygamma_vjp(n, x):
     sx = np.shape(x)
     return polygamma(n, x), lambda g: (None, unbroadcast(g * polygamma(n + 1, x), sx))
 
-# %% ../nbs/03g_scipy.ipynb #sp2ad1bb
+# %% ../nbs/03g_scipy.ipynb #sp2ad1ba
 def _keep(g, shape, axis, keepdims):
     "Cotangent `g` of a reduction over `axis` given back its reduced axes, ready to broadcast against the input."
     if keepdims or not shape: return g
@@ -124,6 +124,13 @@ def _reduced_max(a, axis):
     m = np.max(unbox(a), axis=axis, keepdims=True)
     return np.where(np.isfinite(m), m, 0)
 
+def _finite(x, zero):
+    "x, but -inf where the weight is 0 and exp(x) overflows (or x is NaN): there b·exp(x) is 0, not 0·inf; and where."
+    xv = unbox(x)
+    over = zero & ~(xv < np.log(np.finfo(np.result_type(xv.dtype, np.float16)).max))
+    return np.where(over, -np.inf, x), over
+
+# %% ../nbs/03g_scipy.ipynb #sp2ad1bb
 @rule('scipy.special.logsumexp')
 def logsumexp_vjp(a, axis=None, b=None, keepdims=False, return_sign=False):
     """log Σ b·exp(a) over `axis` (SciPy's: every axis by default), without overflow. Its slope in `a` is the
@@ -132,10 +139,9 @@ def logsumexp_vjp(a, axis=None, b=None, keepdims=False, return_sign=False):
     if b is not None and sa != sb:                            # broadcast against each other first, as SciPy does
         shape = np.broadcast_shapes(sa, sb)
         a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-    # a weight of 0 leaves its entry out, as SciPy: that entry sets no shift, and its exp(a) (inf, say) meets no 0
-    kept_a = a if b is None else np.where(np.equal(unbox(b), 0), -np.inf, a)
-    m = _reduced_max(kept_a, axis)
-    e = np.exp(kept_a - m)
+    zero = None if b is None else np.equal(unbox(b), 0)      # a weight of 0 leaves its entry out of the shift
+    m = _reduced_max(a if b is None else np.where(zero, -np.inf, unbox(a)), axis)
+    e = np.exp(a - m if b is None else _finite(a - m, zero)[0])     # kept in the sum: b₀·e₀ = 0, slope e₀ in b₀
     s = np.sum(e if b is None else b * e, axis=axis, keepdims=True)
     with np.errstate(divide='ignore', invalid='ignore'):
         kept = np.log(np.abs(s)) + m                            # log|s|: -inf where s is 0, as SciPy
@@ -147,11 +153,14 @@ def logsumexp_vjp(a, axis=None, b=None, keepdims=False, return_sign=False):
         if return_sign: g = g[0]
         gk = _keep(g, np.shape(a), axis, keepdims) * sign    # d log|s| = ds / s
         shift = np.where(kept == -np.inf, 0, kept)            # 0 where every a is -inf (not -inf + inf)
-        w = np.exp(kept_a - shift)                            # exp(a) / |s|, 0 where b is 0
-        ga = unbroadcast(gk * w if b is None else gk * b * w, sa)
-        if b is None or isinstance(b, (list, tuple)): return ga, None, None, None, None   # a list of weights: constants
-        with np.errstate(over='ignore'):                      # in b the slope is exp(a) / |s| where b is 0 too:
-            gb = unbroadcast(gk * np.exp(a - shift), sb)      # e^999 (inf) for a = [1000, 1], b = [0, 1]
+        if b is None: return unbroadcast(gk * np.exp(a - shift), sa), None, None, None, None
+        d = a - shift
+        d_kept, over = _finite(d, zero)
+        w = np.exp(d_kept)                                    # exp(a) / |s|, differentiable in a and b where b is 0
+        ga = unbroadcast(gk * b * w, sa)
+        if isinstance(b, (list, tuple)): return ga, None, None, None, None   # a list of weights: constants
+        with np.errstate(invalid='ignore'):                   # in b the slope is exp(a) / |s| where b is 0 too:
+            gb = unbroadcast(gk * np.where(over, unbox(d) * np.inf, w), sb)  # e^999: inf for a = [1000, 1], b = [0, 1]
         return ga, None, gb, None, None
     return value, pullback
 

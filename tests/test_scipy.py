@@ -365,6 +365,20 @@ def test_logsumexp_entries_with_weight_zero_set_no_shift():
     g = fd.gradient(lambda a: special.logsumexp(a, b=b), a)
     np.testing.assert_allclose(g, b * np.exp(a - special.logsumexp(a, b=b)))    # 0 where b is 0, and no NaN at -inf
 
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_logsumexp_weight_zero_second_order(backend):
+    "A weight of 0 sets no shift, yet its slope exp(a₀ - result) moves with a and b: the Hessian in (a, b) is right."
+    a, b = np.array([1.0, 2.0, 0.5]), np.array([0.0, 1.0, 2.0])
+    f = lambda a, b: special.logsumexp(a, b=b)
+    with use_backend(backend):
+        H = np.block([[to_host(h) for h in row] for row in fd.hessian(f, to_device(a), to_device(b))])   # a₀..a₂ b₀..b₂
+    def grad(z): return np.concatenate(fd.gradient(f, z[:3], z[3:], argnums=(0, 1)))
+    z, eps = np.concatenate([a, b]), 1e-6
+    numeric = np.stack([(grad(z + eps * d) - grad(z - eps * d)) / (2 * eps) for d in np.eye(6)], axis=1)
+    np.testing.assert_allclose(H, numeric, atol=1e-8)
+    np.testing.assert_allclose(H[:, 3], [.2544, -.1759, -.0785, -.0647, -.1759, -.0392], atol=1e-4)   # was all 0
+    check_second(f, a, b, backend=backend)
+
 def _pseudo_case(seed=0):
     "A covariance of rank 2 in 3 dimensions, a mean, and a point in the support."
     r = np.random.default_rng(seed)
