@@ -128,44 +128,60 @@ def _innermost(x):
 
 def _leaves(x): return flatten(x, static_ok=True)[0] if is_container(x) else (x,)
 
-def _bits(a):
-    """Array `a`'s bits, read as unsigned integers, summed exactly (modulo 2**64) along the rows and the columns of a
-    table about as wide as it is tall, with the few words left over."""
-    flat = a.reshape(-1)                                  # (a copy only if `a` is not contiguous)
-    word = next(w for w in (8, 4, 2, 1) if flat.nbytes % w == 0)
-    words = flat.view(f'u{word}')
-    width = math.isqrt(words.size)
-    n = words.size // width * width
-    table = words[:n].reshape(-1, width)
-    return table.sum(axis=1, dtype=np.uint64), table.sum(axis=0, dtype=np.uint64), words[n:].copy()
+def _table_sums(flat, dtype):
+    """1-d `flat` summed in `dtype` along the rows and the columns of a table about as wide as it is tall (the few
+    elements left over are a last, shorter row), and how many elements each of those sums adds up."""
+    width = math.isqrt(flat.size)
+    n = flat.size // width * width
+    table, rest = flat[:n].reshape(-1, width), flat[n:]
+    cols = table.sum(axis=0, dtype=dtype)
+    cols[:rest.size] += rest.astype(dtype)
+    return (table.sum(axis=1, dtype=dtype), rest.sum(dtype=dtype), cols), (width, max(rest.size, 1), len(table) + (rest.size > 0))
+
+def _tolerance(eps, count, magnitude):
+    "How far a sum of `count` numbers computed again may move by rounding, for sums of magnitudes `magnitude`."
+    return 64 * eps * (1 + math.log2(count)) * magnitude
 
 def _fingerprint(value):
-    """For each array of `value`: its shape, dtype, bits (`_bits`, left on the device) and sum, to check its recomputation
-    by without keeping it: by the time the backward pass recomputes a segment, the next one, which kept its output,
-    may have been freed."""
+    """For each array of `value`: its shape, dtype, sum and its tolerance, its rows' and columns' sums (`_table_sums`)
+    and theirs, left on the device, to check its recomputation by without keeping it: by the time the backward pass
+    recomputes a segment, the next one, which kept its output, may have been freed."""
     out = []
     for leaf in map(_innermost, _leaves(value)):
         if getattr(leaf, 'dtype', None) is None or not getattr(leaf, 'size', 0): out.append(None)   # numbers: not checked
-        else: out.append((leaf.shape, leaf.dtype, *_bits(leaf), leaf.sum()))
+        elif leaf.dtype.kind in 'fc':                     # floats: their values, up to rounding
+            flat, acc, eps = leaf.reshape(-1), np.promote_types(leaf.dtype, np.float32), np.finfo(leaf.dtype).eps
+            sums, counts = _table_sums(flat, acc)         # (reshape copies only if `leaf` is not contiguous)
+            mags, _ = _table_sums(abs(flat), np.finfo(acc).dtype)
+            size = mags[0].sum() + mags[1]                # each sum's scale: its magnitudes, and its share of the whole's
+            tols = tuple(_tolerance(eps, c, m + c / leaf.size * size) for c, m in zip(counts, mags))
+            out.append((leaf.shape, leaf.dtype, sums[0].sum() + sums[1], _tolerance(eps, leaf.size, size), sums, tols))
+        else:                                             # integers, bools ...: their bits, exactly (modulo 2**64)
+            flat = leaf.reshape(-1)
+            word = next(w for w in (8, 4, 2, 1) if flat.nbytes % w == 0)
+            out.append((leaf.shape, leaf.dtype, leaf.sum(), 0, _table_sums(flat.view(f'u{word}'), np.uint64)[0], (0, 0, 0)))
     return out
 
 # %% ../nbs/05_checkpointing.ipynb #cB05b09
+def _beyond(before, after, tolerance):
+    "Do the sums `after` differ from `before` by more than `tolerance`, or in which of them are NaN?"
+    return bool(((abs(after - before) > tolerance) | ((after != after) != (before != before))).any())
+
 def _check_replayed(name, fingerprint, again):
     "Raise if the recomputed value `again` differs from the forward pass's, as far as their fingerprints tell."
     for before, after in zip(fingerprint, _fingerprint(again)):
         if before is None or after is None: continue
-        same_kind = before[:2] == after[:2]
-        if same_kind and all(np.array_equal(u, v) for u, v in zip(before[2:5], after[2:5])): continue
-        diff = abs(float(after[-1] - before[-1])) if same_kind else None
-        what = ("its shape or dtype differs" if diff is None else f"its sum differs by {diff:.3g}" if diff != 0
-                else "the same sum, its values moved or changed")
+        if before[:2] != after[:2]: what = "its shape or dtype differs"
+        elif not any(map(_beyond, before[4], after[4], before[5])): continue
+        elif _beyond(before[2], after[2], before[3]): what = f"its sum differs by {abs(float(after[2] - before[2])):.3g}"
+        else: what = "the same sum, its values moved or changed"
         raise DifferentiationError(
             f"{name}: recomputed in the backward pass, it gave a different value from the forward pass ({what}), so "
             f"its gradient would be wrong. Either an input changed between the forward and the backward pass (an "
             f"array of yours written in place: pass a copy), or it draws random numbers from a generator the replay "
             f"does not know: pass it as generators=[rng] (to make_recomputed_in_gradient, with_recomputation_in_pullbacks, "
             f"discarding_activations or checkpoint_sequential), or draw from fastad's generator (random_normal); or "
-            f"a custom derivative in it computes its value otherwise than its function does")
+            f"a custom derivative in it gives a value other than its function's")
 
 # %% ../nbs/05_checkpointing.ipynb #cB05b13
 def _recomputed_vjp(f, name, generators):

@@ -320,3 +320,41 @@ def test_a_recomputation_that_reorders_its_values_is_refused():
     def replayed(x): return (fd.with_recomputation_in_pullbacks(x, shuffled, generators=[rng]) * w).sum()
     grad = np.zeros(6); grad[perm] = w                    # x[perm] * w: x[perm[i]] gets w[i]
     np.testing.assert_array_equal(fd.gradient(replayed, np.arange(6.)), grad)
+
+
+def _scipy(module):
+    return pytest.importorskip(module, reason='SciPy is not installed (optional): pip install scipy')
+
+def _special(): return _scipy('scipy.special')
+
+ROUNDED_OTHERWISE = {   # fastad's rules compute these otherwise than SciPy/NumPy do: the same values but for rounding
+    'logsumexp': lambda: (lambda ss: lambda x: ss.logsumexp(x, axis=1))(_special()),
+    'softmax': lambda: (lambda ss: lambda x: ss.softmax(x, axis=1))(_special()),
+    'log_softmax': lambda: (lambda ss: lambda x: ss.log_softmax(x, axis=1))(_special()),
+    'norm.logpdf': lambda: _scipy('scipy.stats').norm.logpdf,
+    'norm(x) * x': lambda: (lambda x: np.linalg.norm(x) * x)}
+
+@pytest.mark.parametrize('name', ROUNDED_OTHERWISE)
+@pytest.mark.parametrize('shape, scale', [((4, 5), 1.0), ((1, 7), 30.0), ((30, 40), 3.0)])
+def test_a_recomputation_that_rounds_otherwise_is_accepted(name, shape, scale):
+    f = ROUNDED_OTHERWISE[name]()
+    x = np.random.default_rng(0).standard_normal(shape) * scale
+    # before: DifferentiationError "(the same sum, its values moved or changed)", the check compared bits exactly
+    got = fd.gradient(lambda x: np.sin(fd.make_recomputed_in_gradient(f)(x)).sum(), x)
+    np.testing.assert_allclose(got, fd.gradient(lambda x: np.sin(f(x)).sum(), x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+def test_a_shuffle_of_a_large_array_is_refused_though_rounding_is_allowed(dtype):
+    rng = np.random.default_rng(5)                        # not named in generators=
+    k = (np.random.default_rng(0).standard_normal((67, 61)) * 10).astype(dtype)
+    def shuffled(k): return k.reshape(-1)[rng.permutation(k.size)].reshape(k.shape)
+    runs = []
+    def rounded(k):                                       # the recomputation rounds otherwise: 4 ulps off
+        runs.append(1)
+        return k * dtype(1 + 4 * np.finfo(dtype).eps) if len(runs) > 1 else k
+    for moved in (rounded, shuffled):
+        def loss(x): return fd.with_recomputation_in_pullbacks(x, lambda x: (x * 1.0, moved(k)))[0].sum()
+        if moved is rounded: np.testing.assert_array_equal(fd.gradient(loss, np.ones(3)), np.ones(3)); continue
+        with pytest.raises(DifferentiationError, match=r"\(the same sum, its values moved or changed\)"):
+            fd.gradient(loss, np.ones(3))
