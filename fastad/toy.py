@@ -33,12 +33,24 @@ def toy_gradient(f):
     return df
 
 # %% ../nbs/03_vwc_chainers.ipynb #b03c6647
-def add_vwc(x, y): return x + y, (lambda g: g, lambda g: g)
-def mul_vwc(x, y): return x * y, (lambda g: g * y, lambda g: g * x)
-def sin_vwc(x): return sin(x), (lambda g: g * cos(x),)
-def cos_vwc(x): return cos(x), (lambda g: g * -1.0 * sin(x),)
-def sin(x): return record('sin', sin_vwc, x) if isinstance(x, Var) else math.sin(x)
-def cos(x): return record('cos', cos_vwc, x) if isinstance(x, Var) else math.cos(x)
+def add_vwc(x, y):
+    "x + y: both cotangents are g."
+    return x + y, (lambda g: g, lambda g: g)
+def mul_vwc(x, y):
+    "x * y: each factor's cotangent is g times the other factor."
+    return x * y, (lambda g: g * y, lambda g: g * x)
+def sin_vwc(x):
+    "sin x, with a chain written in toy operations, so an outer tape can record it."
+    return sin(x), (lambda g: g * cos(x),)
+def cos_vwc(x):
+    "cos x, its chain in toy operations too."
+    return cos(x), (lambda g: g * -1.0 * sin(x),)
+def sin(x):
+    "The toy's sin: recorded when `x` is a Var, `math.sin` on a plain number."
+    return record('sin', sin_vwc, x) if isinstance(x, Var) else math.sin(x)
+def cos(x):
+    "The toy's cos: recorded when `x` is a Var, `math.cos` on a plain number."
+    return record('cos', cos_vwc, x) if isinstance(x, Var) else math.cos(x)
 
 # %% ../nbs/03_vwc_chainers.ipynb #c82ad3fc
 levels = itertools.count(1)                       # a newer recording gets a higher level: it is the inner one
