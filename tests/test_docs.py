@@ -124,6 +124,7 @@ def test_a_notebook_page_shows_what_nbdev_shows(site, stem):
     shown = squeeze(text(page))
     assert '#|' not in shown, "directives are stripped from the code shown"
     title = re.search(r'^#\s+(.+)$', source(next(c for c in cells(stem) if c['cell_type'] == 'markdown')), re.M).group(1)
+    title = build_docs.numbered(title, build_docs.lesson_number(stem))
     assert f'<title>{html.escape(title, quote=False)} · fastad</title>' in page
     for c in cells(stem):
         d = directives(c)
@@ -217,3 +218,99 @@ def test_benchmarks_page_shows_the_benchmarks_tables(site):
     assert text(page).index('Benchmarks') < text(page).index('fastad benchmark results'), "the README first"
     img = re.search(r'<img [^>]*src="([\w.-]+\.png)"', page)
     assert img and (site / img.group(1)).read_bytes() == (ROOT / 'bench' / 'results.png').read_bytes(), "the chart"
+
+# --- 3. reading a lesson: checks folded, long lines scrolled, the course table linked, lessons numbered --------
+def folded(page, css_class):
+    "[(summary, the folded code, squeezed)] of a page's `<details class=css_class>`, in page order."
+    return [(html.unescape(m.group(1)), squeeze(text(m.group(2))))
+            for m in re.finditer(rf'<details class="{css_class}"><summary>(.*?)</summary>(.*?)</details>', page, re.S)]
+
+def test_a_cell_that_only_checks_is_a_guard():
+    "Decided from the source by ast: every top-level statement a `test_*`/`check_*` call or an assert; grading is not."
+    guard, shown = build_docs.is_guard, lambda src: not build_docs.is_guard(src)
+    assert guard("test_eq(f(2), 4)\ntest_close(g(1.0), 0.5, eps=1e-9)\nassert h() is None")
+    assert guard("check_vwc(vwc_sin, 0.3)") and guard("fd.testing.check_vwc(vwc_sin, 0.3)")
+    assert guard("test_fail(lambda: f('x'), contains='f')") and guard("for x in xs: test_eq(f(x), x)")
+    assert shown("grade(my_softplus)"), "an exercise's grading cell stays in view"
+    assert shown("y = f(2)\ntest_eq(y, 4)") and shown("f(2)") and shown("") and shown("%time f(2)")
+    assert shown("for x in xs:\n    y = f(x)\n    test_eq(y, x)")
+
+LESSON_01 = '01_matmul'
+
+def test_guard_cells_are_folded_in_place(site):
+    "Lesson 01's cells that only check show folded under 'checks', where they stand; every other cell in full."
+    page = (site / f'{build_docs.page_name(LESSON_01)}.html').read_text()
+    guards, kept = [], []
+    for c in cells(LESSON_01):
+        d, body = directives(c), re.sub(r'^\s*#\s*\|.*$', '', source(c), flags=re.M).strip()
+        if c['cell_type'] != 'code' or d & {'hide', 'export', 'exporti', 'exports', 'default_exp'} or not body: continue
+        (guards if build_docs.is_guard(body) and not c.get('outputs') else kept).append(squeeze(body))
+    checks = folded(page, 'guard')
+    assert len(guards) >= 5 and [b for _, b in checks] == guards, "every guard cell folded, in order, none else"
+    assert {s for s, _ in checks} == {'checks'}
+    unfolded = squeeze(text(re.sub(r'<details class="guard">.*?</details>', '', page, flags=re.S)))
+    assert all(b in unfolded for b in kept if len(b) > 10), "the cells that teach stay in view"
+    order = [squeeze(source(c)) for c in cells(LESSON_01)]
+    where = lambda b: next(i for i, o in enumerate(order) if b in o)
+    at = squeeze(text(page)).index
+    between = sorted(kept + guards, key=where)
+    assert [b for b in between if len(b) > 10] == sorted((b for b in between if len(b) > 10), key=at), \
+        "each in its place among the cells that teach, not moved"
+
+def test_solutions_fold_under_their_summary_and_grading_stays_shown(site):
+    "Lesson 04's exercises: `#| code-fold: true` (and Jupyter's source_hidden) -> folded under 'Solution'; grade(...) shown."
+    stem = '04_custom_derivatives'
+    page = (site / f'{build_docs.page_name(stem)}.html').read_text()
+    hidden = [c for c in cells(stem) if c['cell_type'] == 'code' and c.get('metadata', {}).get('jupyter', {}).get('source_hidden')]
+    assert hidden and all(re.search(r'^#\|\s*code-fold:\s*true', source(c), re.M) for c in hidden)
+    solutions = folded(page, 'fold')
+    for c in hidden:
+        body = squeeze(re.sub(r'^\s*#\s*\|.*$', '', source(c), flags=re.M))
+        assert ('Solution', body) in solutions, f"a solution is not folded under 'Solution': {body[:60]}"
+    grading = [squeeze(source(c)) for c in cells(stem) if c['cell_type'] == 'code' and re.search(r'^grade\(', source(c), re.M)]
+    assert grading and all(g in squeeze(text(page)) for g in grading)
+    assert not any(g in b for g in grading for _, b in folded(page, 'guard') + solutions), "grading cells stay in view"
+
+def css_rules(css):
+    "{selector: declarations} of a stylesheet (comments dropped; a rule's selector list split)."
+    css = re.sub(r'/\*.*?\*/', '', css, flags=re.S)
+    return {sel.strip(): body for sels, body in re.findall(r'([^{}]+)\{([^}]*)\}', css) for sel in sels.split(',')}
+
+def test_code_scrolls_sideways_instead_of_being_cut_off(site):
+    "Code cells, code in the prose (the install command) and outputs: a long line scrolls inside its block."
+    rules = css_rules((site / 'site.css').read_text())
+    for sel in ('.input_area pre', '.text_cell_render pre', '.output_area'):
+        assert re.search(r'overflow-x:\s*auto', rules.get(sel, '')), f"{sel} should scroll sideways"
+    assert re.search(r'white-space:\s*pre\b(?!-)', rules['.input_area pre']), "code keeps its lines: no wrapping"
+    quarto = yaml.safe_load((ROOT / '_quarto.yml').read_text())
+    assert quarto['format']['html'].get('code-overflow') == 'scroll', "and on the Quarto site"
+    assert re.search(r'overflow-x:\s*auto', css_rules((NBS / 'styles.css').read_text()).get('pre', ''))
+
+def test_the_course_table_links_each_notebook_to_its_page(site):
+    "The index's table names notebooks (`01_matmul`): each is a link to that notebook's page."
+    page = (site / 'index.html').read_text()
+    table = re.search(r'<table\b.*?</table>', page.split('id="contents"')[0], re.S).group(0)
+    named = re.findall(r'<code>(\d\w*)</code>', table)
+    linked = re.findall(r'<a href="([\w.-]+)\.html"><code>(\d\w*)</code></a>', table)
+    assert len(named) >= 10 and [s for _, s in linked] == named, "every notebook the table names is linked"
+    assert all(href == build_docs.page_name(s) and (site / f'{href}.html').exists() for href, s in linked)
+
+def lessons():
+    return [(s, build_docs.lesson_number(s)) for s in sidebar_stems() if build_docs.lesson_number(s) is not None]
+
+def test_every_lesson_carries_its_number(site):
+    """`NN_name` is lesson N: "Lesson N: title" in its page's title and heading, in the sidebar and the index; once
+    only where the notebook's title already says so; reference pages (03a_...) and the appendix (90_...) unnumbered."""
+    assert [n for _, n in lessons()] == [1, 2, 3, 4, 5, 6, 7], lessons()
+    index = (site / 'index.html').read_text()
+    for stem, n in lessons():
+        page = (site / f'{build_docs.page_name(stem)}.html').read_text()
+        title = re.search(r'<title>(.*?) · fastad</title>', page).group(1)
+        assert title.startswith(f'Lesson {n}: ') and not re.match(r'Lesson \d+: Lesson', title), title
+        assert re.search(rf'<h1[^>]*>{re.escape(title)}', page), f"{stem}: the page's heading"
+        assert f'aria-current="page">{title}</a>' in page, f"{stem}: the sidebar"
+        assert f'<a href="{build_docs.page_name(stem)}.html">{title}</a>' in index, f"{stem}: the index's contents"
+    for stem in ('03a_primitives', '05c_planner', '90_backend'):
+        page = (site / f'{build_docs.page_name(stem)}.html').read_text()
+        assert not re.search(r'<title>Lesson', page), f"{stem} is a reference page, not a lesson"
+    assert build_docs.numbered('Lesson 7: SciPy in the loss', 7) == 'Lesson 7: SciPy in the loss'

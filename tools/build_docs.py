@@ -4,7 +4,10 @@ Every notebook that nbs/sidebar.yml lists, in its order, rendered by nbconvert's
 outputs (nothing runs), with its cells treated as nbdev treats them for its Quarto site: `#| hide` and
 `#| export` cells left out, each exported name documented where it is defined, directives stripped from the
 code shown. Math becomes MathML, which browsers draw without any script, so the pages need nothing from the
-web. `#| code-fold` cells show their code folded under a summary, as Quarto does. Beside the lessons: the index
+web. `#| code-fold` cells show their code folded under a summary, as Quarto does; a cell that only checks
+(every statement a `test_*`/`check_*` call or an `assert`, and no output) shows folded under "checks". Each
+lesson (`NN_name.ipynb`, NN below 90) is titled "Lesson N: ..." on its page, in the sidebar and in the index,
+whose course table links each notebook it names to its page. Beside the lessons: the index
 (the README's notebook and the contents in course order), an API reference of every public name of `fastad`
 (grouped by module, in the sidebar's order of the notebooks making them), the NumPy functions fastad
 differentiates (`fastad.dispatch.supported_functions()`, by group), and the benchmarks (bench/README.md, then the
@@ -49,8 +52,9 @@ def mathml(tex, display):
 
 class CourseRenderer(IPythonRenderer):
     "nbconvert's markdown renderer, drawing math as MathML (no script needed) and linking notebooks to their pages."
-    def inline_math(self, body): return mathml(body, 'inline')
-    def block_math(self, body): return mathml(body, 'block')
+    def inline_math(self, body):                                   # a long formula scrolls inside the column
+        return mathml(body, 'inline') if len(body) <= 70 else f'<span class="wide-math">{mathml(body, "inline")}</span>'
+    def block_math(self, body): return f'<span class="wide-math display">{mathml(body, "block")}</span>'
     def latex_environment(self, name, body): return mathml(f'\\begin{{{name}}}{body}\\end{{{name}}}', 'block')
     def link(self, text, url, title=None): return super().link(text, page_url(url), title)
 
@@ -103,6 +107,32 @@ def lookup(dotted, modules):
 _QUARTO_OPT = re.compile(r'^\s*#\s*\|\s*([\w-]+)\s*:\s*(.*?)\s*$')
 _SHOW_DOC = re.compile(r'^\s*show_doc\(\s*([\w.]+)')
 
+def _guard_statement(node):
+    "A statement that only checks: `assert ...`, a call of `test_*`/`check_*`, or a loop or `with` of such statements."
+    if isinstance(node, ast.Assert): return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        f = node.value.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ''
+        return bool(re.match(r'(test|check)_\w+$', name))     # `grade(...)` is an exercise's grading: it stays shown
+    if isinstance(node, (ast.For, ast.With)) and not getattr(node, 'orelse', None):
+        return all(map(_guard_statement, node.body))
+    return False
+
+def is_guard(source):
+    "True for code that only checks what the cells before it did (every top-level statement a check): shown folded."
+    try: body = ast.parse(source).body
+    except SyntaxError: return False
+    return bool(body) and all(map(_guard_statement, body))
+
+def lesson_number(stem):
+    "A lesson's number from its file name: `04_custom_derivatives` -> 4; None for `05a_...` pages, the 90s, the index."
+    m = re.match(r'(\d+)_', stem)
+    return int(m.group(1)) if m and 0 < int(m.group(1)) < 90 else None
+
+def numbered(title, number):
+    "`Lesson 4: Custom derivatives`; a title that already starts with `Lesson N` keeps its own."
+    return title if number is None or re.match(r'Lessons?\s+\d', title) else f'Lesson {number}: {title}'
+
 def read_title(nb):
     "(title, summary) from the notebook's first markdown cell: `# Title` and `> summary`, as nbdev reads them."
     for cell in nb.cells:
@@ -131,8 +161,9 @@ def output(o):
     if 'data' in o: o.data = {k: joined(v) for k, v in o.data.items()}
     return o
 
-def notebook_for_the_page(path):
-    "The notebook as nbdev's docs show it: hidden and exported cells out, show_doc for exported names, directives off."
+def notebook_for_the_page(path, number=None):
+    """The notebook as nbdev's docs show it: hidden and exported cells out, show_doc for exported names, directives off;
+    a lesson's `# Title` numbered (`# Lesson 4: Title`)."""
     proc = NBProcessor(path, procs=[populate_language, add_show_docs, strip_ansi, hide_line, rm_header_dash,
                                     rm_export, clean_magics, hide_, mv_exports])
     proc.process()
@@ -161,14 +192,19 @@ def notebook_for_the_page(path):
         if tags: cell.metadata['tags'] = tags
         if opts.get('code-fold', '').lower() in ('true', 'show'):       # folded under its summary, as Quarto shows it
             cell.metadata['fold'] = {'summary': opts.get('code-summary', 'Code'), 'open': opts['code-fold'].lower() == 'show'}
+        elif not cell.outputs and not tags and is_guard(source):      # only checks: in place, folded under "checks"
+            cell.metadata['fold'] = {'summary': 'checks', 'class': 'guard'}
         cells.append(cell)
+    first = next((c for c in cells if c.cell_type == 'markdown'), None)
+    if first is not None and number is not None:
+        first.source = re.sub(r'^(#\s+)(.+)$', lambda m: m.group(1) + numbered(m.group(2).strip(), number), first.source, count=1, flags=re.M)
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata['language_info'] = {'name': 'python', 'pygments_lexer': 'ipython3'}
     return nb
 
 def render_notebook(path):
     "(title, summary, body HTML) of a notebook's page."
-    nb = notebook_for_the_page(path)
+    nb = notebook_for_the_page(path, lesson_number(path.stem) if path.parent == NBS else None)
     title, summary = read_title(nb)
     if not title: problem(f"{path.name} has no '# Title' in its first markdown cell")
     body, _ = exporter().from_notebook_node(nb)
@@ -364,6 +400,14 @@ def bench_charts(out):
     for chart in BENCH.glob('*.png'):
         if chart.with_suffix('.md').exists(): shutil.copyfile(chart, out / f'bench-{chart.name}')
 
+def link_course_table(body, stems):
+    "In the index's tables, a cell's `01_matmul` (a notebook with a page) becomes a link to that page."
+    def cell(m):
+        return re.sub(r'(<a\b[^>]*>\s*)?<code>([\w.-]+?)(?:\.ipynb)?</code>', lambda c: (
+            f'<a href="{page_name(c.group(2))}.html"><code>{c.group(2)}</code></a>'
+            if c.group(2) in stems and not c.group(1) else c.group(0)), m.group(0))
+    return re.sub(r'<table\b.*?</table>', lambda t: re.sub(r'<td\b.*?</td>', cell, t.group(0), flags=re.S), body, flags=re.S)
+
 def contents_html(nav, pages):
     "The course's contents for the index page: each section's notebooks, in order, with their summaries."
     out = ['<h2 id="contents">Contents</h2>']
@@ -402,7 +446,7 @@ def build(out=ROOT / '_site'):
     nav.append(('Reference', [(stem, title) for stem, (title, _) in extra.items()]))
     if 'index' in pages:                                            # the index: README's notebook, then the course
         title, summary, body = pages['index']
-        pages['index'] = (title, summary, body + contents_html(nav[:-1], pages))
+        pages['index'] = (title, summary, link_course_table(body, set(course)) + contents_html(nav[:-1], pages))
     written = []
     for stem in course + list(extra):
         title, body = (pages[stem][0], pages[stem][2]) if stem in pages else extra[stem]
