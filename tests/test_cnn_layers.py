@@ -11,6 +11,7 @@ import fastad as fd
 from fastad.backend import to_device, to_host, array_module, manual_seed, random_normal, default_rng
 from fastad.cnn import conv2d_vwc, max_pool2d_vwc, windows
 from fastad.strict import StrictArray
+from fastad.cnn import conv2d, max_pool2d
 
 fast = settings(max_examples=30, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -377,3 +378,79 @@ def test_max_pool_routes_a_nan_windows_cotangent_to_its_first_nan():
     assert dx[0, 1] == 1 and dx[0, 0] == 0 and dx[1, 1] == 0
     assert dx[3, 2] == 1 and dx[3, 3] == 0 and dx[2, 3] == 0
     assert dx.sum() == 4
+
+
+# ---- second order through the CNN layers; empty batches ------------------------------------------------------------
+# --- 17.10: second order through the CNN --------------------------------------------------------------------------
+
+# Its own: one directional difference along a random direction, far cheaper than numerical_gradient's every coordinate.
+def _slope(f, args, i, d, eps=1e-6):
+    "Central differences of scalar `f` along `d` in argument `i`."
+    def at(t): return float(f(*args[:i], args[i] + t * d, *args[i + 1:]))
+    return (at(eps) - at(-eps)) / (2 * eps)
+
+def _check_gradient(f, *args, rtol=1e-5):
+    r = np.random.default_rng(1)
+    grads = fd.gradient(f, *args)
+    grads = grads if len(args) > 1 else (grads,)
+    for i, g in enumerate(grads):
+        d = r.standard_normal(np.shape(args[i]))
+        np.testing.assert_allclose(np.sum(g * d), _slope(f, args, i, d), rtol=rtol, atol=1e-7)
+
+@pytest.mark.parametrize("strides, padding", [((1, 1), 'valid'), ((2, 1), 'same'), ((2, 2), 'same')])
+def test_a_conv2d_gradient_penalty_differentiates(strides, padding):
+    r = np.random.default_rng(0)
+    x, W, b = r.standard_normal((2, 6, 5, 2)), r.standard_normal((3, 2, 2, 3)), r.standard_normal(3)
+    def penalty(x, W, b):                                # the squared norm of the input's gradient
+        gx = fd.gradient(lambda x: np.tanh(conv2d(x, W, b, strides=strides, padding=padding)).sum(), x)
+        return (gx ** 2).sum()
+    _check_gradient(penalty, x, W, b)                    # before: "ndarray.strides has no derivative"
+
+def test_conv2d_in_a_hessian_matches_finite_differences():
+    r = np.random.default_rng(2)
+    x, W = r.standard_normal((1, 5, 5, 2)), r.standard_normal((3, 3, 2, 2))
+    f = lambda W: (np.sin(conv2d(x, W, padding='same')) * conv2d(x ** 2, W)[:, :1, :1].sum()).sum()
+    _check_gradient(lambda W: (fd.gradient(f, W) * W).sum(), W)
+
+@pytest.mark.parametrize("pool, strides, padding", [((2, 2), (2, 2), 'valid'), ((3, 2), (1, 2), 'same')])
+def test_max_pool2d_at_second_order(pool, strides, padding):
+    x = np.random.default_rng(3).standard_normal((2, 5, 6, 2))        # no ties: winners stay put near x
+    f = lambda x: (max_pool2d(x, pool_size=pool, strides=strides, padding=padding) ** 3).sum()
+    _check_gradient(lambda x: (fd.gradient(f, x) ** 2).sum(), x)      # before: "in-place updates ... not differentiable"
+
+def test_a_cnn_layers_gradient_penalty_differentiates():
+    r = np.random.default_rng(4)
+    x, filter, bias = r.standard_normal((2, 4, 4, 1)), r.standard_normal((3, 3, 1, 2)), r.standard_normal(2)
+    pool, flatten = fd.MaxPool2D(), fd.Flatten()
+    def penalty(filter, bias):                           # the layers' model, differentiated in its input, then in its filter
+        conv = fd.Conv2D(filter=filter, bias=bias, padding='same', activation=np.tanh)
+        return (fd.gradient(lambda x: (flatten(pool(conv(x))) ** 2).sum(), x) ** 2).sum()
+    _check_gradient(penalty, filter, bias)
+    g = fd.gradient(lambda conv: (fd.gradient(lambda x: (flatten(pool(conv(x))) ** 2).sum(), x) ** 2).sum(),
+                    fd.Conv2D(filter=filter, bias=bias, padding='same', activation=np.tanh))
+    np.testing.assert_allclose(g.filter, fd.gradient(penalty, filter, bias)[0])
+
+# --- 24.7: empty batches -------------------------------------------------------------------------------------------
+
+def test_flatten_takes_an_empty_batch():
+    x = np.zeros((0, 2, 2))
+    assert fd.Flatten()(x).shape == (0, 4)               # before: NumPy's "cannot reshape array of size 0"
+    y, pb = fd.value_with_pullback(lambda x: fd.Flatten()(x), x)
+    assert y.shape == (0, 4) and pb(np.zeros((0, 4))).shape == (0, 2, 2)
+
+def test_an_empty_batch_through_a_cnn():
+    layers = [fd.Conv2D((3, 3, 1, 2), padding='same', rng=np.random.default_rng(0)), fd.MaxPool2D(), fd.Flatten()]
+    x = np.zeros((0, 4, 4, 1), np.float32)
+    y, pb = fd.value_with_pullback(lambda layers, x: fd.sequenced(x, through=layers), layers, x)
+    assert y.shape == (0, 8)
+    d_layers, d_x = pb(np.zeros((0, 8), np.float32))
+    assert d_x.shape == (0, 4, 4, 1) and d_layers[0].filter.shape == (3, 3, 1, 2)
+
+def test_max_pool_sends_an_infinite_cotangent_to_the_winner_only():
+    "Masks select, never multiply: the losers of a window get 0, not 0 * inf = nan."
+    from fastad.cnn import max_pool2d
+    x = np.arange(16.).reshape(1, 4, 4, 1)
+    with np.errstate(divide='ignore'):
+        g = fd.gradient(lambda x: (1 / (max_pool2d(x) - np.array([5., 7., 13., 15.]).reshape(1, 2, 2, 1))).sum(), x)
+    assert not np.isnan(g).any()
+    assert np.isinf(g[0, 1::2, 1::2, 0]).all() and (g[0, 0::2] == 0).all() and (g[0, :, 0::2] == 0).all()

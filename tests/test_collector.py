@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import fastad as fd
 from fastad.engine import collector_tuned_for_tapes
+import weakref
 
 def tuned(found): return (found[0] and max(found[0], 20_000), max(found[1], 100), max(found[2], 1 << 30))
 
@@ -107,3 +108,99 @@ def test_young_garbage_is_still_collected_while_recording():
         return x * 2.0
     fd.gradient(f, 1.0)
     assert refs[0]() is None
+
+
+# ---- cycles made while recording are collected; the user's own gc settings survive ---------------------------------
+@pytest.fixture
+def collector_enabled():
+    before, on = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    yield before
+    gc.set_threshold(*before)
+    (gc.enable if on else gc.disable)()
+
+class Node: pass
+
+def cycles_alive_while_recording(n, refs):
+    "Record n operations, each making and dropping a reference cycle; how many of them are alive at the end."
+    def f(x):
+        for _ in range(n):
+            a, b = Node(), Node()
+            a.other, b.other = b, a
+            refs.append(weakref.ref(a))
+            del a, b
+            x = x * 1.0
+        alive.append(sum(r() is not None for r in refs))
+        return x
+    alive = []
+    fd.gradient(f, 1.0)
+    return alive[0]
+
+def test_cycles_made_while_recording_are_collected_during_a_long_recording(collector_enabled):
+    refs = []
+    alive = cycles_alive_while_recording(20_000, refs)
+    assert alive < 5_000, alive                   # 20,000 with the collector off
+
+def test_cycles_stay_bounded_while_threads_record_at_once(collector_enabled):
+    counts, errors, go = [], [], threading.Barrier(3)
+    def work():
+        try:
+            go.wait()
+            for _ in range(3): counts.append(cycles_alive_while_recording(10_000, []))
+        except Exception as e: errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert not errors and len(counts) == 9
+    assert sum(counts) < 45_000, counts           # all 90,000 with the collector off; one round may catch a high tide
+    assert gc.get_threshold() == collector_enabled and gc.isenabled()
+
+def test_the_users_gc_disable_inside_f_survives(collector_enabled):
+    def f(x):
+        gc.disable()                              # the user's own choice, made while recording
+        return np.sin(x)
+    fd.gradient(f, 1.0)
+    assert not gc.isenabled()
+    assert gc.get_threshold() == collector_enabled
+
+
+# ---- the collector waits while a tape is in use --------------------------------------------------------------------
+# ---- the collector waits while a tape is in use (issue 22, point 1) ----
+
+class _Node:
+    "An object in a reference cycle, as user code makes them."
+    def __init__(self): self.other = None
+
+@pytest.mark.slow   # 10,000 steps; test_few_young_and_no_full_collections_while_recording checks the settings
+def test_memory_stays_flat_and_user_cycles_are_collected_over_10000_steps():
+    import tracemalloc, weakref
+    assert gc.isenabled()
+    alive = weakref.WeakSet()                         # the cycles not collected yet
+    def f(x):
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a                       # a cycle, dropped when f returns
+        alive.add(a)
+        return (np.sin(x) * x).sum()
+    x = np.ones(3)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for _ in range(1_000): fd.gradient(f, x)
+        early = tracemalloc.get_traced_memory()[0]
+        for _ in range(9_000): fd.gradient(f, x)
+        late = tracemalloc.get_traced_memory()[0]
+    finally: tracemalloc.stop()
+    assert gc.isenabled()                             # the collector is on between steps
+    assert late - early < 64 * 1024, (early, late)    # 9,000 more steps: no more memory (each cycle is ~0.3 KiB)
+    assert len(alive) < 1_000, len(alive)             # the automatic collections freed them, with no gc.collect()
+
+def test_few_young_and_no_full_collections_while_recording():
+    runs = []
+    count = lambda phase, info: runs.append(info['generation']) if phase == 'start' else None
+    def f(x):
+        for _ in range(20_000): x = np.sin(x)         # 20,000 entries: with the default thresholds, hundreds of collections
+        return x
+    gc.callbacks.append(count)
+    try: fd.gradient(f, 0.3)
+    finally: gc.callbacks.remove(count)
+    assert 2 not in runs and len(runs) < 40, runs       # young ones every 20,000 new objects; full ones paused

@@ -3,8 +3,12 @@ what the pullback computes, drawing leaves gradients unchanged, and every entry 
 import numpy as np, pytest
 from matplotlib.text import Annotation
 import fastad as fd
-from fastad.backend import to_device, to_host
+from fastad.backend import to_device
 from fastad.errors import DifferentiationError
+import re, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 def boxes_and_arrows(fig):
     texts = fig.axes[0].texts
@@ -90,3 +94,31 @@ def test_draw_without_matplotlib_names_the_extra(monkeypatch):
     try:
         with pytest.raises(MissingExtraError, match=r"fastad\[course\]"): fd.draw(lambda x: np.sin(x).sum(), np.ones(2))
     finally: drawing._picture.cache_clear()
+
+
+# ---- fd.draw shows its picture in a notebook -----------------------------------------------------------------------
+# --- 25.6 fd.draw shows its picture in a notebook -------------------------------------------------------------
+def drawn():
+    return fd.draw(lambda x, y: np.sin(x * y).sum(), np.ones(3), np.ones(3))
+
+def test_draw_gives_ipython_a_png():
+    from IPython.core.formatters import DisplayFormatter
+    data, _ = DisplayFormatter().format(drawn())
+    assert 'image/png' in data and data['image/png'][:8] == b'\x89PNG\r\n\x1a\n' and len(data['image/png']) > 5000
+
+def test_lesson_03e_saves_the_picture_as_its_output():
+    import json
+    cells = json.loads((ROOT / 'nbs' / '03e_draw.ipynb').read_text())['cells']
+    outputs = [o for c in cells if c['cell_type'] == 'code' and 'draw(' in ''.join(c['source'])
+               and '#| export' not in ''.join(c['source']) for o in c['outputs']]
+    assert any('image/png' in o.get('data', {}) for o in outputs), "re-execute nbs/03e_draw.ipynb"
+
+@pytest.fixture(scope='session')
+def site(tmp_path_factory):
+    sys.path.insert(0, str(ROOT / 'tests'))
+    from test_docs import build_site
+    return build_site(tmp_path_factory)
+
+def test_the_draw_page_of_the_docs_shows_an_image(site):
+    page = (site / 'draw.html').read_text()
+    assert re.search(r'<img[^>]+src="data:image/png;base64,', page), "no image on the draw page"

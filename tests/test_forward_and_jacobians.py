@@ -9,6 +9,8 @@ from fastad.errors import DifferentiationError
 
 rng = np.random.default_rng(0)
 
+# Its own: forward mode checks directional derivatives (JVPs) and whole Jacobians of vector-valued functions,
+# where fastad.testing.numerical_gradient takes scalar functions only.
 def central(f, x, t, eps=1e-6):
     "The directional derivative of `f` at array `x` along `t`, by central differences."
     return (np.asarray(f(x + eps * t)) - np.asarray(f(x - eps * t))) / (2 * eps)

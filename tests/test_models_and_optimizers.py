@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import fastad as fd
 from fastad.errors import ArgumentError, DifferentiationError
+from fastad.tree import flatten
 
 def close(a, b, tol=1e-6): np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 X = np.ones((2, 3), np.float32)
@@ -358,3 +359,137 @@ def test_a_field_holding_integers_is_refused_not_a_silent_constant():
     m = Offsets(np.array([0.0, 0.0])); opt = fd.Adam(m, learning_rate=0.1)
     for _ in range(300): opt.update(m, along=fd.gradient(lambda m: m(np.ones(2)), m))
     assert m(np.ones(2)) < 1e-6                                                   # floats train (integers stayed at 3.98)
+
+
+# ---- derived values after a step, tied layers in an optimizer ------------------------------------------------------
+def close_tight(a, b): np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+# --- derived values follow a move; a gradient carries none -------------------------------------------------------
+class CachedTwice(fd.Differentiable):
+    w: np.ndarray
+    def __post_init__(self): self.cache = self.w * 2                 # derived from w
+
+def loss(m): return (m.cache * m.w).sum()
+
+@pytest.mark.parametrize('make', [lambda m: fd.SGD(m, learning_rate=0.1), lambda m: fd.Adam(m, learning_rate=0.1),
+                                  lambda m: fd.SGD(m, learning_rate=0.1, momentum=0.9)], ids=['sgd', 'adam', 'momentum'])
+def test_after_an_update_the_plain_and_the_traced_forward_agree(make):
+    m = CachedTwice(np.array([1.0, 2.0]))
+    opt = make(m)
+    for _ in range(2): opt.update(m, along=fd.gradient(loss, m))
+    close_tight(m.cache, 2 * m.w)                                           # was: [2, 4], stale, while 2 w = [1.2, 2.4]
+    close_tight(loss(m), fd.value_with_gradient(loss, m)[0])                # was: 6.0 plain, 3.6 traced
+
+def test_move_derives_an_outer_models_values_from_its_moved_parts():
+    class Outer(fd.Differentiable):
+        inner: CachedTwice
+        b: np.ndarray
+        def __post_init__(self): self.total = self.inner.cache.sum() + self.b.sum()
+    m = Outer(CachedTwice(np.array([1.0])), np.array([1.0]))
+    m.move(along=Outer(CachedTwice(np.array([1.0])), np.array([1.0])))
+    close_tight(m.inner.w, [2.0]); close_tight(m.inner.cache, [4.0]); close_tight(m.total, 6.0)   # the inner cache first, then the total
+
+def test_a_gradient_carries_no_derived_value_of_the_model():
+    m = CachedTwice(np.array([1.0, 2.0]))
+    g = fd.gradient(loss, m)
+    close_tight(g.w, [4.0, 8.0])
+    assert not hasattr(g, 'cache')                                    # was: g.cache is m.cache
+    class Declared(fd.Differentiable):
+        w: np.ndarray
+        cache: np.ndarray = dataclasses.field(init=False)
+        unit: str = fd.nondifferentiable(init=False)                  # a setting rides along
+        def __post_init__(self): self.cache, self.unit = self.w * 2, 'm'
+    d = Declared(np.array([1.0, 2.0]))
+    g = fd.gradient(loss, d)
+    close_tight(g.w, [4.0, 8.0]); assert g.cache is None and g.unit == 'm'
+    repr(g)                                                           # every field still there to print
+    close_tight(d.cache, [2.0, 4.0])                                        # the model keeps its own
+
+# --- tied layers: one optimizer state per parameter; eps > 0 ----------------------------------------------------
+def tied(dtype=np.float64):
+    d = fd.Dense(weight=np.array([[1., 0.5], [0.2, 1.]], dtype), bias=np.array([0.1, -0.1], dtype))
+    return fd.Sequential([d, d])
+
+def test_a_layer_used_twice_gets_one_optimizer_state():
+    model = tied()
+    opt = fd.Adam(model, learning_rate=0.1)
+    opt.update(model, along=fd.gradient(lambda m: (m(np.array([[1., 2.]])) ** 2).sum(), model))
+    assert len(flatten(opt.m, static_ok=True)[0]) == 2               # was 4: zeros kept for the repeat
+    assert opt.m.layers[1].weight is None and opt.v.layers[1].bias is None
+
+def test_a_tied_float32_model_takes_a_finite_adam_step_even_with_a_tiny_eps():
+    model = tied(np.float32)                                          # 1e-50 is 0 in float32: the repeat's 0/0 was NaN
+    opt = fd.Adam(model, learning_rate=0.1, eps=1e-50)
+    opt.update(model, along=fd.gradient(lambda m: (m(np.array([[1., 2.]], np.float32)) ** 2).sum(), model))
+    assert np.isfinite(model.layers[0].weight).all() and model.layers[0] is model.layers[1]
+
+@pytest.mark.parametrize('eps', [0, 0.0, -1e-8])
+def test_adam_refuses_an_eps_that_is_not_positive(eps):
+    with pytest.raises(ArgumentError, match="Adam: eps must be a positive number"):
+        fd.Adam(tied(), eps=eps)
+
+
+# ---- nondifferentiable(default=..., init=False) --------------------------------------------------------------------
+# ---------------------------------------------------------------- nondifferentiable(default=..., init=False)
+
+class Scaled(fd.Differentiable):
+    w: object
+    scale: float = fd.nondifferentiable(default=2.0, init=False)        # a constant the constructor does not take
+    def __call__(self, x): return self.scale * self.w * x
+
+
+def test_an_init_false_field_reads_as_its_default():
+    m = Scaled(w=np.array([1., 2.]))
+    assert m.scale == 2.0 and type(m.scale) is float                     # it was the dataclasses.Field object
+    assert repr(m) == "Scaled(w=array([1., 2.]), scale=2.0)"
+    g = fd.gradient(lambda m: m(3.0).sum(), m)
+    assert type(g) is Scaled and g.scale == 2.0 and np.array_equal(g.w, [6., 6.])
+    assert fd.tree_map(lambda v: v * 0, m).scale == 2.0
+
+
+def test_an_init_false_field_still_reads_as_a_field_on_the_class_and_can_be_set():
+    f = dataclasses.fields(Scaled)[1]
+    assert isinstance(f, dataclasses.Field) and (f.name, f.init, f.default) == ('scale', False, 2.0)
+    assert isinstance(Scaled.__dict__['scale'], dataclasses.Field)        # a later @dataclass above the class sees it
+    m = Scaled(w=1.0); m.scale = 5.0
+    assert m.scale == 5.0 and Scaled(w=1.0).scale == 2.0
+
+
+def test_an_init_false_field_without_default_is_missing_until_set():
+    class Later(fd.Differentiable):
+        w: object
+        norm: float = fd.nondifferentiable(init=False)
+    with pytest.raises(AttributeError, match="norm"): Later(w=1.0).norm
+    class Derived(fd.Differentiable):
+        w: object
+        norm: float = fd.nondifferentiable(init=False)
+        def __post_init__(self): self.norm = abs(self.w)
+    assert Derived(w=-3.0).norm == 3.0
+
+
+def test_a_frozen_model_keeps_init_false_defaults():
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(fd.Differentiable):
+        w: object
+        scale: float = fd.nondifferentiable(default=4.0, init=False)
+    m = Frozen(w=1.0)
+    assert m.scale == 4.0
+    with pytest.raises(dataclasses.FrozenInstanceError): m.w = 2.0
+    assert fd.gradient(lambda m: m.w * m.scale, m).w == 4.0
+
+
+# ---- fields derived in __post_init__, frozen models ----------------------------------------------------------------
+# --- models ------------------------------------------------------------------------------------------------------------
+def test_a_field_derived_in_post_init_is_differentiated():
+    class Doubled(fd.Differentiable):
+        w: np.ndarray
+        def __post_init__(self): self.cache = self.w * 2
+    close(fd.gradient(lambda m: (m.cache * m.w).sum(), Doubled(np.ones(3))).w, [4.0, 4.0, 4.0])   # d/dw 2 w^2
+
+def test_frozen_models():
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(fd.Differentiable):
+        w: np.ndarray
+    g = fd.gradient(lambda m: (m.w ** 2).sum(), Frozen(np.ones(3)))
+    assert type(g) is Frozen
+    close(g.w, [2.0, 2.0, 2.0])

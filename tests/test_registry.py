@@ -11,6 +11,7 @@ def test_trace_method_is_numpys_trace():
 
 from fastad import engine, dispatch, linalg
 from fastad.primitives import REGISTRY, Entry
+import sys
 
 def test_one_table():
     "The engine, the adapters and the linear-algebra rules share one table; no module keeps a second one."
@@ -54,3 +55,37 @@ def test_supported_functions_reads_refusals_from_the_table():
         names = {n for ns in dispatch.supported_functions().values() for n in ns}
         assert 'numpy.copyto' not in names and 'numpy.put_along_axis' not in names and 'x.sort' not in names
     finally: row.adapt.__name__ = old
+
+
+# ---- installing a derivative for a Python function: callable at every step, from any thread ------------------------
+# Installing a derivative for a Python function: callable at every step, from any thread
+
+
+def scaled(x, *, k=2.0): return x * k
+
+def calls_failing_during(action):
+    "Call `scaled(1.0)` at every bytecode of the redirection's install and restore, as another thread could."
+    failures = []
+    def at_each_opcode(frame, event, arg):
+        if event == 'opcode':
+            try: scaled(1.0)
+            except TypeError as e: failures.append(str(e))
+        return at_each_opcode
+    def tracer(frame, event, arg):
+        if frame.f_code.co_name not in ('install', 'restore'): return None
+        frame.f_trace_opcodes = True
+        return at_each_opcode
+    sys.settrace(tracer)
+    try: action()
+    finally: sys.settrace(None)
+    return failures
+
+def test_a_function_with_keyword_only_defaults_stays_callable_while_its_derivative_is_installed():
+    registrations = []
+    register = lambda: registrations.append(fd.derivative(of=scaled, vjp=lambda x, *, k=2.0: (x * k, lambda g: g * k)))
+    assert calls_failing_during(register) == []   # before: "missing 1 required keyword-only argument: '_fastad_rule'"
+    assert fd.gradient(scaled, 1.0) == 2.0
+    assert calls_failing_during(registrations[0].undo) == []
+    assert scaled(1.0) == 2.0 and scaled.__kwdefaults__ == {'k': 2.0}
+
+# SciPy's rules: values and slopes as SciPy and central differences give them

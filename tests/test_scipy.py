@@ -4,16 +4,18 @@ Every covered function is checked at first order; the special functions, softmax
 on NumPy and under the strict backend. SciPy's own routines (linalg, signal) need host arrays, as SciPy does, so
 those run on NumPy. The central differences call SciPy itself on host arrays: the reference is SciPy's value.
 """
-import os, subprocess, sys, textwrap, warnings
+import subprocess, sys, textwrap, warnings
 import numpy as np, pytest
 
 pytest.importorskip('scipy', reason="SciPy is optional (pip install 'fastad[scipy]'); these tests check fastad's rules for it")
 from scipy import special, stats, linalg, signal
 import fastad as fd
 from fastad import scipy_rules as S
-from fastad.backend import to_device, to_host, array_module, use_backend
+from fastad.backend import to_device, to_host, use_backend
 from fastad.strict import StrictArray
 from fastad.engine import unbox
+import scipy.special as sp, scipy.stats as st
+from fastad.testing import numerical_gradient
 
 BACKENDS = ['numpy', 'strict']
 
@@ -459,3 +461,49 @@ def test_scipy_linalg_cholesky(lower):
     np.testing.assert_allclose(fd.value_with_pullback(lambda a: linalg.cholesky(a, lower=lower), spd(3))[0],
                                linalg.cholesky(spd(3), lower=lower), rtol=1e-12)
     check_second(lambda a: linalg.cholesky(a, lower=lower), spd(3))
+
+
+# ---- SciPy's rules at their edges: polygamma orders, densities at their ends, xlogy, logsumexp ---------------------
+def test_polygamma_with_orders_holding_zero_is_digamma_there():
+    n, x = np.array([0, 1, 2]), np.array([2.0, 2.0, 0.7])
+    value, grad = fd.value_with_gradient(lambda x: sp.polygamma(n, x).sum(), x)   # before: -inf, and NaN slopes
+    np.testing.assert_allclose(value, sp.polygamma(n, x).sum())
+    np.testing.assert_allclose(grad, sp.polygamma(n + 1, x))
+    np.testing.assert_allclose(grad, numerical_gradient(lambda x: sp.polygamma(n, x).sum(), x), rtol=1e-5)
+
+@pytest.mark.parametrize('dist, x, args, slope', [(st.beta, 0.0, (1, 2), -1.0), (st.beta, 1.0, (2, 1), 1.0),
+                                                  (st.gamma, 0.0, (1,), -1.0)])
+def test_a_density_whose_shape_is_1_is_finite_at_its_end(dist, x, args, slope):
+    value, grad = fd.value_with_gradient(lambda x: dist.logpdf(x, *args), x)    # before: -inf, and a 0 slope
+    np.testing.assert_allclose(value, dist.logpdf(x, *args))
+    np.testing.assert_allclose(grad, slope)                                     # one-sided: the density's own formula
+
+def test_densities_at_ends_and_inside_agree_with_scipy():
+    for dist, args in [(st.beta, (0.5, 2)), (st.beta, (2, 2)), (st.beta, (2, 0.5)), (st.gamma, (0.5,)), (st.gamma, (2,))]:
+        x = np.array([-0.1, 0.0, 0.3, 0.8, 1.0, 1.2])
+        with np.errstate(all='ignore'):
+            value = fd.value_with_pullback(lambda x: dist.logpdf(x, *args), x)[0]
+        np.testing.assert_allclose(value, dist.logpdf(x, *args))
+        inner = np.array([0.3, 0.8])
+        np.testing.assert_allclose(fd.gradient(lambda x: dist.logpdf(x, *args).sum(), inner),
+                                   numerical_gradient(lambda x: dist.logpdf(x, *args).sum(), inner), rtol=1e-5)
+
+@pytest.mark.parametrize('fn, p, q', [(sp.xlogy, [0., 2., 0.], [0., 3., 2.]), (sp.xlog1py, [0., 2., 0.], [-1., 3., 1.])])
+def test_xlogy_slope_in_y_is_zero_where_x_is_zero(fn, p, q):
+    p, q = np.array(p), np.array(q)
+    with np.errstate(all='ignore'):
+        grad = fd.gradient(lambda q: fn(p, q).sum(), q)                          # before: NaN at the first
+    np.testing.assert_allclose(grad, [0., 2 / (q[1] + (fn is sp.xlog1py)), 0.])
+    np.testing.assert_allclose(grad[1:], numerical_gradient(lambda q: fn(p[1:], q).sum(), q[1:]), rtol=1e-6)
+
+def test_logsumexp_over_an_empty_axis_is_minus_inf_as_scipy():
+    a = np.zeros((2, 0))
+    value, grad = fd.value_with_gradient(lambda a: sp.logsumexp(a, axis=1).sum(), a)   # before: NumPy's ValueError
+    assert value == sp.logsumexp(a, axis=1).sum() == -np.inf and grad.shape == (2, 0)
+
+def test_logsumexp_of_an_all_minus_inf_slice_has_zero_cotangents():
+    a = np.array([[-np.inf, -np.inf], [0., 1.]])
+    value, grad = fd.value_with_gradient(lambda a: sp.logsumexp(a, axis=1)[1] + 0 * sp.logsumexp(a, axis=1)[0], a)
+    np.testing.assert_allclose(grad, [[0., 0.], [0.26894142, 0.73105858]])               # before: NaN in the first row
+    np.testing.assert_allclose(grad[1], numerical_gradient(lambda r: sp.logsumexp(r), a[1]), rtol=1e-6)
+    np.testing.assert_allclose(fd.gradient(lambda a: sp.logsumexp(a), np.array([-np.inf, -np.inf])), [0., 0.])

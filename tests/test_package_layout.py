@@ -1,6 +1,6 @@
-"""One word per idea, one helper per job, modules that say what they hold (issue 18, points 4 and 5), and
-`nondifferentiable(default=..., init=False)`."""
-import dataclasses, pathlib, re
+"""The package's layout: one word per idea, one helper per job, modules that say what they hold, and the layering
+between them."""
+import pathlib, re
 import numpy as np
 import pytest
 import fastad as fd
@@ -147,62 +147,3 @@ def test_the_budget_planner_is_a_module_of_its_own():
 def test_the_sidebar_lists_the_new_pages():
     sidebar = (PACKAGE.parent / 'nbs' / 'sidebar.yml').read_text()
     assert '05c_planner.ipynb' in sidebar and '90f_progress.ipynb' in sidebar
-
-
-# ---------------------------------------------------------------- nondifferentiable(default=..., init=False)
-
-class Scaled(fd.Differentiable):
-    w: object
-    scale: float = fd.nondifferentiable(default=2.0, init=False)        # a constant the constructor does not take
-    def __call__(self, x): return self.scale * self.w * x
-
-
-def test_an_init_false_field_reads_as_its_default():
-    m = Scaled(w=np.array([1., 2.]))
-    assert m.scale == 2.0 and type(m.scale) is float                     # it was the dataclasses.Field object
-    assert repr(m) == "Scaled(w=array([1., 2.]), scale=2.0)"
-    g = fd.gradient(lambda m: m(3.0).sum(), m)
-    assert type(g) is Scaled and g.scale == 2.0 and np.array_equal(g.w, [6., 6.])
-    assert fd.tree_map(lambda v: v * 0, m).scale == 2.0
-
-
-def test_an_init_false_field_still_reads_as_a_field_on_the_class_and_can_be_set():
-    f = dataclasses.fields(Scaled)[1]
-    assert isinstance(f, dataclasses.Field) and (f.name, f.init, f.default) == ('scale', False, 2.0)
-    assert isinstance(Scaled.__dict__['scale'], dataclasses.Field)        # a later @dataclass above the class sees it
-    m = Scaled(w=1.0); m.scale = 5.0
-    assert m.scale == 5.0 and Scaled(w=1.0).scale == 2.0
-
-
-def test_an_init_false_field_without_default_is_missing_until_set():
-    class Later(fd.Differentiable):
-        w: object
-        norm: float = fd.nondifferentiable(init=False)
-    with pytest.raises(AttributeError, match="norm"): Later(w=1.0).norm
-    class Derived(fd.Differentiable):
-        w: object
-        norm: float = fd.nondifferentiable(init=False)
-        def __post_init__(self): self.norm = abs(self.w)
-    assert Derived(w=-3.0).norm == 3.0
-
-
-def test_a_frozen_model_keeps_init_false_defaults():
-    @dataclasses.dataclass(frozen=True)
-    class Frozen(fd.Differentiable):
-        w: object
-        scale: float = fd.nondifferentiable(default=4.0, init=False)
-    m = Frozen(w=1.0)
-    assert m.scale == 4.0
-    with pytest.raises(dataclasses.FrozenInstanceError): m.w = 2.0
-    assert fd.gradient(lambda m: m.w * m.scale, m).w == 4.0
-
-
-# ---------------------------------------------------------------- small steps (issue 18, point 8: every notebook)
-
-@pytest.mark.parametrize('stem', sorted(p.stem for p in (PACKAGE.parent / 'nbs').glob('*.ipynb')))
-def test_no_code_cell_over_60_lines(stem):
-    import json
-    cells = json.loads((PACKAGE.parent / 'nbs' / f'{stem}.ipynb').read_text())['cells']
-    long = [(c['id'], len(''.join(c['source']).splitlines())) for c in cells
-            if c['cell_type'] == 'code' and len(''.join(c['source']).splitlines()) > 60]
-    assert long == [], long
