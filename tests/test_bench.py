@@ -30,6 +30,7 @@ def test_one_workload_writes_table_and_chart(tmp_path):
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) < 300_000
     assert 'fastad / hand-written' in stdout and 'OPENBLAS_NUM_THREADS=1' in stdout
 
+@pytest.mark.slow   # several generations of processes
 def test_rounds_are_shared_among_generations_of_processes(tmp_path):
     stdout, results = run_suite(tmp_path, '--only', 'scalar', '--libraries', 'fastad,numpy', '--processes', '2',
                                 '--rounds', '3')
@@ -67,6 +68,7 @@ def test_compare_accepts_close_and_refuses_wrong_gradients():
     assert not compare((1.0, [np.ones(3)]), ref, (1e-3, 1e-4))[0]                # a gradient missing
     assert not compare((1.0, [np.ones(4), np.arange(4.0)]), ref, (1e-3, 1e-4))[0]   # a wrong shape
 
+@pytest.mark.slow   # trains each optimizer
 def test_the_optimizer_comparison_trains_each_optimizer_from_the_same_start():
     from bench import optimizers     # as a package module: bench/ on sys.path would shadow the stdlib's `profile`
     data = tuple(np.asarray(a) for a in optimizers.load_mnist(verbose=False))

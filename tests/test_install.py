@@ -36,6 +36,7 @@ def test_the_package_imports_only_its_core_dependencies():
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == '6.0'
 
+@pytest.mark.slow   # a fresh venv and pip install; test_the_package_imports_only_its_core_dependencies checks the imports
 def test_pip_install_without_extras_in_a_fresh_venv(tmp_path):
     "The real thing: a new virtual environment, `pip install` of this checkout, no extras, then import and differentiate."
     src = tmp_path / 'src'                             # a copy, so the build leaves nothing in the checkout

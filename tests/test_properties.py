@@ -28,7 +28,7 @@ import fastad as fd
 import fastad.primitives as P
 import fastad.primitives_more as PM
 from fastad import engine
-from fastad.backend import to_device, to_host, array_module, np2, numpy_function, get_backend, use_backend
+from fastad.backend import to_device, to_host, array_module, np2, numpy_function, get_backend, use_backend, gpu_available
 from fastad.errors import FastADError, DifferentiationError
 
 EPS, RTOL = 1e-6, 1e-6                        # central-difference step and tolerance (float64)
@@ -1066,11 +1066,20 @@ def check_first_order(s, xs, kw, seed):
         analytic = inner(grads, ds)
         assert abs(analytic - numeric) <= RTOL * max(1.0, abs(numeric)), (s.name, analytic, numeric)
 
+# The two whole sweeps below run every spec on NumPy in the default run, and again on the other backends under `slow`
+# (the other backends' own checks, such as test_casts_between_precisions_keep_the_argument_dtype, run by default).
+SWEEP_BACKENDS = ['numpy'] + [pytest.param(b, marks=pytest.mark.slow) for b in ['strict'] + (['cupy'] if gpu_available() else [])]
+
+@pytest.fixture(params=SWEEP_BACKENDS)
+def sweep_backend(request):
+    "Each backend in turn, as `any_backend` gives them; all but NumPy only under `slow`."
+    with use_backend(request.param) as xp: yield xp
+
 @pytest.mark.parametrize('s', SPECS, ids=[s.name for s in SPECS])
 @given(data=st.data())
 @settings(max_examples=10, **CHECKS)
-def test_gradient_against_central_differences(any_backend, s, data):
-    if s.host_only and any_backend is not np: pytest.skip("a host constant: NumPy backend only")
+def test_gradient_against_central_differences(sweep_backend, s, data):
+    if s.host_only and sweep_backend is not np: pytest.skip("a host constant: NumPy backend only")
     xs, kw = s.draw(data)
     check_first_order(s, xs, kw, data.draw(st.integers(0, 2**32 - 1), label='seed'))
 
@@ -1104,9 +1113,9 @@ def test_second_order_against_central_differences(s, data):
 @pytest.mark.parametrize('s', SPECS, ids=[s.name for s in SPECS])
 @given(data=st.data())
 @settings(max_examples=4, **CHECKS)
-def test_float32_in_float32_out(any_backend, s, data):
+def test_float32_in_float32_out(sweep_backend, s, data):
     "float32 inputs: the value has the plain call's dtype (float32 unless a float64 constant joins), gradients are float32."
-    if s.host_only and any_backend is not np: pytest.skip("a host constant: NumPy backend only")
+    if s.host_only and sweep_backend is not np: pytest.skip("a host constant: NumPy backend only")
     xs, kw = s.draw(data)
     xs = [x.astype(np.float32) for x in xs]
     plain = plain_call(s, xs, kw)
