@@ -107,6 +107,70 @@ def test_a_solution_is_folded_until_opened(browser, site):
     folds[0].find_element(By.TAG_NAME, 'summary').click()
     assert code.is_displayed() and 'softplus' in code.text, "a click shows the solution"
 
+def test_checks_are_folded_until_opened(browser, site):
+    "Lesson 01: each cell that only checks sits folded under 'checks' where it stands; a click shows its code."
+    from selenium.webdriver.common.by import By
+    browser.get((site / f"{build_docs.page_name('01_matmul')}.html").as_uri())
+    guards = browser.find_elements(By.CSS_SELECTOR, 'article details.guard')
+    assert len(guards) >= 5 and all(g.find_element(By.TAG_NAME, 'summary').text == 'checks' for g in guards)
+    assert not any(g.get_attribute('open') for g in guards), "folded at first"
+    code = guards[0].find_element(By.CSS_SELECTOR, '.input_area')
+    assert not code.is_displayed()
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", guards[0])
+    guards[0].find_element(By.TAG_NAME, 'summary').click()
+    assert code.is_displayed() and re.search(r'\b(test_\w+|check_\w+|assert)\b', code.text), "a click shows the checks"
+    summary_h = guards[1].find_element(By.TAG_NAME, 'summary').size['height']
+    assert summary_h < 30, f"a folded check takes one short line, not a code panel: {summary_h}px"
+
+REACHABLE = """const pre = arguments[0];
+    const ends = [], walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) { const node = walker.currentNode, t = node.textContent.trimEnd();
+      if (t.trim()) { const r = document.createRange(); r.setStart(node, t.length - 1); r.setEnd(node, t.length); ends.push(r); } }
+    const widest = ends.reduce((a, b) => b.getBoundingClientRect().right > a.getBoundingClientRect().right ? b : a);
+    pre.scrollLeft = pre.scrollWidth;
+    const r = widest.getBoundingClientRect(), box = pre.getBoundingClientRect();
+    return [pre.scrollWidth, pre.clientWidth, getComputedStyle(pre).overflowX, r.right <= box.right + 1 && r.left >= box.left, pre.scrollLeft]"""
+
+@pytest.mark.parametrize('page, marker', [('index', 'jupyter lab --allow-root nbs/'),
+                                          ('vwc_chainers', 'forward_and_backward as forward_and_backward')])
+def test_a_long_line_scrolls_and_its_end_can_be_reached(browser, site, page, marker):
+    "The install command (index) and lesson 03's long import: the block scrolls sideways, and scrolled, its end is in view."
+    from selenium.webdriver.common.by import By
+    browser.get((site / f'{page}.html').as_uri())
+    pres = [p for p in browser.find_elements(By.CSS_SELECTOR, 'article pre') if marker in p.get_attribute('textContent')]
+    assert pres, f"{page}: no code block with {marker!r}"
+    scroll_w, client_w, overflow, end_in_view, left = browser.execute_script(REACHABLE, pres[0])
+    assert scroll_w > client_w and overflow == 'auto', f"{page}: the long line should scroll ({scroll_w} > {client_w}, {overflow})"
+    assert left > 0 and end_in_view, f"{page}: scrolled to the end, the longest line's last character is in view"
+    width = browser.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert width[0] <= width[1], f"{page}: the page itself does not scroll sideways: {width}"
+
+def test_the_course_tables_links_open_their_pages(browser, site):
+    "The index's course table: each notebook's name is a link, and it opens that notebook's page."
+    from selenium.webdriver.common.by import By
+    browser.get((site / 'index.html').as_uri())
+    table = browser.find_element(By.CSS_SELECTOR, 'article table')
+    links = [(a.text, a.get_attribute('href')) for a in table.find_elements(By.CSS_SELECTOR, 'a')]
+    names = [c.text for c in table.find_elements(By.CSS_SELECTOR, 'td code')]
+    assert len(links) >= 10 and [n for n, _ in links] == [n for n in names if re.match(r'\d', n)]
+    for name, href in links:
+        browser.get(href)
+        h1 = browser.find_element(By.TAG_NAME, 'h1').text
+        stem_page = build_docs.page_name(name)
+        assert href.endswith(f'/{stem_page}.html') and h1 and browser.title.startswith(h1.rstrip('#').strip()), (name, href, h1)
+
+def test_every_lesson_title_carries_its_number(browser, site):
+    "Lessons 1 to 7: 'Lesson N: ...' as the tab's title, the page's heading and the sidebar's entry."
+    from selenium.webdriver.common.by import By
+    lessons = [(s, build_docs.lesson_number(s)) for s in sidebar_stems() if build_docs.lesson_number(s) is not None]
+    assert [n for _, n in lessons] == list(range(1, 8))
+    for stem, n in lessons:
+        browser.get((site / f'{build_docs.page_name(stem)}.html').as_uri())
+        current = browser.find_element(By.CSS_SELECTOR, '.sidebar a.current').text
+        h1 = browser.find_element(By.TAG_NAME, 'h1').text
+        for shown in (browser.title, h1, current):
+            assert shown.startswith(f'Lesson {n}: ') and f'Lesson {n}: Lesson' not in shown, (stem, shown)
+
 # --- (b) lesson 01 in JupyterLab --------------------------------------------------------------------------
 def free_port():
     with socket.socket() as s:
@@ -162,10 +226,13 @@ def test_lesson_01_runs_in_jupyterlab(browser, jupyterlab):
     n_code = sum(c['cell_type'] == 'code' for c in cells('01_matmul'))
     done = ("const p = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent);"
             "return [p.length, p.filter(t => /\\[\\d+\\]/.test(t)).length, p.filter(t => t.includes('*')).length]")
+    hidden = sum(c['cell_type'] == 'code' and bool(c.get('metadata', {}).get('jupyter', {}).get('source_hidden'))
+                 for c in cells('01_matmul'))                  # a folded solution's prompt stays blank in JupyterLab
+    idle = "return document.querySelector('.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]') !== null"
     WebDriverWait(browser, 100, poll_frequency=1).until(
-        lambda d: (lambda n, ran, busy: n == ran and not busy)(*d.execute_script(done)))
+        lambda d: (lambda n, ran, busy: ran == n - hidden and not busy)(*d.execute_script(done)) and d.execute_script(idle))
     total, ran, busy = browser.execute_script(done)
-    assert total == n_code and ran == n_code
+    assert total == n_code and ran == n_code - hidden
     errors = browser.execute_script(
         "return [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.textContent)"
         ".filter(t => /Traceback|Error:/.test(t) && !/MNIST unavailable/.test(t)).map(t => t.slice(0, 300))")
