@@ -1,5 +1,7 @@
 """Recomputation in pullbacks: what runs (counted), the gradients (equal to the plain ones, exactly, even with
-random draws inside the recomputed region), structured arguments and results, and bad input."""
+random draws inside the recomputed region), structured arguments and results, and bad input; randomness left alone by planning, closures refused, the forward
+pass's rules in the recomputation, private generators, a plan per input shape, what a checkpoint keeps alive, and the
+memory model (recomputing the last segment lowers no peak)."""
 import random
 import numpy as np
 import pytest
@@ -390,7 +392,7 @@ def _equal(a, b, exactly=True):
         if hasattr(u, 'weight'): check(to_host(u.weight), to_host(v.weight))
 
 
-# --- 17.7: planning leaves randomness alone ----------------------------------------------------------------
+# --- planning leaves randomness alone ----------------------------------------------------------------
 def test_planning_a_budget_leaves_the_generators_alone():
     layers = [l for d in _dense(4) for l in (d, Dropout())]
     x = random_normal((8, 16))
@@ -402,7 +404,7 @@ def test_planning_a_budget_leaves_the_generators_alone():
     np.testing.assert_array_equal(after_planned, after_plain)
 
 
-# --- 17.9: closures in recomputed bodies -------------------------------------------------------------------
+# --- closures in recomputed bodies -------------------------------------------------------------------
 def test_a_body_closing_over_a_traced_value_is_refused_at_the_call():
     def f(x):
         y = np.sin(x)
@@ -417,7 +419,7 @@ def test_a_body_closing_over_a_traced_value_is_refused_at_the_call():
     np.testing.assert_allclose(got, c * (np.sin(1.0) + np.cos(1.0)))
 
 
-# --- 24.2: what a checkpoint keeps alive --------------------------------------------------------------------
+# --- what a checkpoint keeps alive --------------------------------------------------------------------
 def test_discarding_holds_less_than_half_of_the_plain_convolution():
     manual_seed(0)
     x = random_normal((8, 20, 20, 3))
@@ -467,7 +469,7 @@ def test_draws_are_still_replayed_after_calls_that_draw_nothing():
     np.testing.assert_array_equal(got, want)
 
 
-# --- 24.3: the caller's tracemalloc, and threads ------------------------------------------------------------
+# --- the caller's tracemalloc, and threads ------------------------------------------------------------
 def test_planning_keeps_the_callers_tracemalloc_peak():
     layers, x = _dense(4), random_normal((8, 16))
     started = not tracemalloc.is_tracing()
@@ -527,7 +529,7 @@ def test_a_thread_drawing_during_a_replay_gets_the_replayed_numbers_and_its_draw
     assert next_draw == np.random.rand()                     # its draw was undone: the stream goes on from the forward's
 
 
-# --- 24.6: the rules of the forward pass ----------------------------------------------------------------
+# --- the rules of the forward pass ----------------------------------------------------------------
 def square(x): return x * x
 
 
@@ -558,7 +560,7 @@ def test_a_numpy_rule_of_the_forward_pass_is_used_by_its_recomputation():
     np.testing.assert_allclose(fd.gradient(lambda x: np.sin(x).sum(), x), np.cos(x))
 
 
-# --- 25.2: generators of your own in the layer forms -----------------------------------------------------
+# --- generators of your own in the layer forms -----------------------------------------------------
 def _noisy_layers():
     return [l for d in _dense(4, seed=1) for l in (d, Noisy())]
 
@@ -595,7 +597,7 @@ def test_a_generator_not_replayed_is_caught_where_the_output_was_kept():
         fd.gradient(lambda x: (fd.with_recomputation_in_pullbacks(x, Noisy()) ** 2).sum(), x)
 
 
-# --- 25.3: a plan per input shape --------------------------------------------------------------------------
+# --- a plan per input shape --------------------------------------------------------------------------
 @pytest.mark.slow   # measures two plans; test_a_budget_plan_fits_when_measured_and_beats_or_equals_even_segments measures one
 def test_a_budget_plan_is_made_again_for_a_new_input_shape():
     layers = _dense(16, width=64)

@@ -3,6 +3,7 @@
 Forward passes are compared with naive loops written here (with their own 'same'-padding rule); every gradient,
 of inputs and of layer fields, is compared with central differences along random directions, for strides and
 both paddings, on every backend (`any_backend`: numpy, strict, and cupy where a GPU is available).
+Also second order through the layers, and empty batches.
 """
 import dataclasses, inspect, math
 import numpy as np, pytest
@@ -380,8 +381,7 @@ def test_max_pool_routes_a_nan_windows_cotangent_to_its_first_nan():
     assert dx.sum() == 4
 
 
-# ---- second order through the CNN layers; empty batches ------------------------------------------------------------
-# --- 17.10: second order through the CNN --------------------------------------------------------------------------
+# --- second order through the CNN --------------------------------------------------------------------------
 
 # Its own: one directional difference along a random direction, far cheaper than numerical_gradient's every coordinate.
 def _slope(f, args, i, d, eps=1e-6):
@@ -430,7 +430,7 @@ def test_a_cnn_layers_gradient_penalty_differentiates():
                     fd.Conv2D(filter=filter, bias=bias, padding='same', activation=np.tanh))
     np.testing.assert_allclose(g.filter, fd.gradient(penalty, filter, bias)[0])
 
-# --- 24.7: empty batches -------------------------------------------------------------------------------------------
+# --- empty batches -------------------------------------------------------------------------------------------
 
 def test_flatten_takes_an_empty_batch():
     x = np.zeros((0, 2, 2))

@@ -1,5 +1,6 @@
 """The engine spaces young collections out and pauses full ones while a tape is recorded or swept, and restores
-the thresholds afterwards: after errors, nested transforms, several threads; the thresholds and changes the user made meanwhile stand."""
+the thresholds afterwards: after errors, nested transforms, several threads; the thresholds and changes the user made meanwhile stand.
+Cycles made while recording are still collected, and memory stays flat over 10,000 steps."""
 import gc, threading
 import numpy as np
 import pytest
@@ -164,8 +165,7 @@ def test_the_users_gc_disable_inside_f_survives(collector_enabled):
     assert gc.get_threshold() == collector_enabled
 
 
-# ---- the collector waits while a tape is in use --------------------------------------------------------------------
-# ---- the collector waits while a tape is in use (issue 22, point 1) ----
+# ---- the collector waits while a tape is in use ----
 
 class _Node:
     "An object in a reference cycle, as user code makes them."

@@ -1,5 +1,4 @@
-"""A checkpoint's replay recomputes under the derivatives of its forward pass in its own thread only (issue 24,
-point 6's last hazard): another thread differentiating meanwhile keeps the rules in force."""
+"""A checkpoint's replay recomputes under the derivatives of its forward pass in its own thread only: another thread differentiating meanwhile keeps the rules in force."""
 import threading
 import numpy as np, pytest
 import fastad as fd

@@ -1,5 +1,6 @@
 """fd.tape_of and fd.draw on everything fastad differentiates: the listing matches what the engine records and
-what the pullback computes, drawing leaves gradients unchanged, and every entry gets a box and every parent an arrow."""
+what the pullback computes, drawing leaves gradients unchanged, and every entry gets a box and every parent an arrow;
+in a notebook, IPython shows the picture."""
 import numpy as np, pytest
 from matplotlib.text import Annotation
 import fastad as fd
@@ -96,8 +97,7 @@ def test_draw_without_matplotlib_names_the_extra(monkeypatch):
     finally: drawing._picture.cache_clear()
 
 
-# ---- fd.draw shows its picture in a notebook -----------------------------------------------------------------------
-# --- 25.6 fd.draw shows its picture in a notebook -------------------------------------------------------------
+# --- fd.draw shows its picture in a notebook -------------------------------------------------------------
 def drawn():
     return fd.draw(lambda x, y: np.sin(x * y).sum(), np.ones(3), np.ones(3))
 

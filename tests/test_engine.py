@@ -1,4 +1,6 @@
-"""The engine's contract: NumPy routing, refusals, constants off the tape, dtypes, nesting, leaks, threads, faults.
+"""The engine's contract: NumPy routing, refusals, constants off the tape, dtypes, nesting, leaks, threads, faults;
+complex values refused, std/var/relu at their edges, NumPy integer axes, one rule for ties, copies and pickles of
+traced values, other libraries' habits (`.backward()`) answered, f-string formats, and the lock release at exit.
 
 Tests that take arrays run under every backend (`any_backend`): under the strict one, a primitive or pullback
 that quietly copies to the host raises, and every gradient must come back as a device array.
@@ -578,9 +580,7 @@ def test_in_place_refuses_what_numpy_refuses_and_keeps_the_dtype():
         fd.gradient(escapes, np.ones(2))
 
 
-# ---- soundness of the engine: complex values, edges, integer axes, ties, thread state, freeing ---------------------
-
-# --- 1a: complex values never enter the tape ------------------------------------------------------------------
+# --- complex values never enter the tape ------------------------------------------------------------------
 @pytest.mark.parametrize('f, name', [
     (lambda x: np.abs(x * (1 + 1j)), 'multiply'),                          # a Python complex constant
     (lambda x: np.abs((1 + 1j) * x), 'multiply'),
@@ -600,7 +600,7 @@ def test_real_code_is_unaffected_by_the_complex_check():
     assert fd.gradient(lambda x: (x * np.array([1., 2.])).sum(), 2.0) == 3.0
     close(fd.gradient(lambda x: x.astype(np.float32).sum(), np.ones(3)), np.ones(3))
 
-# --- 1e: std and var over one element, and ddof ----------------------------------------------------------------
+# --- std and var over one element, and ddof ----------------------------------------------------------------
 @pytest.mark.parametrize('f, x', [
     (np.std, 3.0), (np.var, 3.0), (lambda x: x.std(), np.array([2.0])), (lambda x: np.std(x, axis=1).sum(), np.ones((4, 1))),
     (lambda x: np.std(x, axis=0).sum(), np.arange(3.0)[None]),           # a batch of one
@@ -623,14 +623,14 @@ def test_ddof_follows_numpys_value(f, ddof):
     np.testing.assert_equal(value, want)
     if np.isfinite(want): assert np.all(np.isfinite(g))
 
-# --- 1f: relu at -inf ---------------------------------------------------------------------------------------
+# --- relu at -inf ---------------------------------------------------------------------------------------
 def test_relu_of_minus_infinity():
     x = np.array([-np.inf, -1.0, 0.0, 2.0, np.inf])
     np.testing.assert_equal(fd.relu(x), [0, 0, 0, 2, np.inf])
     np.testing.assert_equal(fd.gradient(lambda x: fd.relu(x).sum(), x[:4]), [0, 0, 0, 1])
     assert np.isnan(fd.relu(np.array([np.nan])))[0]                       # NaN stays NaN
 
-# --- 2: NumPy integer axes, joins' dtype, in-place assignment, messages ------------------------------------------
+# --- NumPy integer axes, joins' dtype, in-place assignment, messages ------------------------------------------
 I = np.int64
 @pytest.mark.parametrize('f', [
     lambda x: np.sum(x, axis=I(1)), lambda x: np.sum(x, axis=(I(0), I(1))), lambda x: np.mean(x, axis=I(0)),
@@ -673,7 +673,7 @@ def test_messages_speak_of_a_traced_array_not_the_internal_type():
     with pytest.raises(DifferentiationError, match='int'): int(x[0])
     t.active = False
 
-# --- 3: one rule for ties ---------------------------------------------------------------------------------------
+# --- one rule for ties ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize('f, want', [
     (lambda x: np.maximum(x, 0), 0.5), (lambda x: np.maximum(0, x), 0.5), (lambda x: np.minimum(x, 0), 0.5),
     (lambda x: np.minimum(0, x), 0.5), (lambda x: np.maximum(x, x), 1.0), (lambda x: np.maximum(x, 0.0 * x), 0.5),
@@ -688,7 +688,7 @@ def test_ties_keep_the_dtype():
     g = fd.gradient(lambda x: np.maximum(x, np.float32(0)).sum(), np.zeros(3, np.float32))
     assert g.dtype == np.float32 and g.tolist() == [0.5] * 3
 
-# --- 4: state that belongs to its thread or task ------------------------------------------------------------------
+# --- state that belongs to its thread or task ------------------------------------------------------------------
 def _work(k):
     "One thread's job: gradients, a primitive log and backend switches; returns what it saw."
     seen = []
@@ -756,7 +756,7 @@ def test_a_log_in_one_thread_sees_nothing_of_another():
     finally: stop.set(); t.join()
     assert dict(log.counts) == {('forward', 'cos'): 1, ('pullback', 'cos'): 1}
 
-# --- 7: the operator primitives are plain names -----------------------------------------------------------------
+# --- the operator primitives are plain names -----------------------------------------------------------------
 def test_operator_primitives_are_module_names():
     for name in ('_ADD', '_SUB', '_MUL', '_DIV', '_POW', '_MOD', '_MATMUL', '_NEG', '_ABS'):
         assert name in vars(engine)
@@ -764,7 +764,7 @@ def test_operator_primitives_are_module_names():
     from fastad.primitives import REGISTRY
     assert engine._ADD is REGISTRY[np.add] and REGISTRY[np.sum].adapt is not None   # adapters declared at import
 
-# --- 9.5: the backward pass frees what it no longer needs ----------------------------------------------------------
+# --- the backward pass frees what it no longer needs ----------------------------------------------------------
 def _tanh_chain(x, n=20):
     for _ in range(n): x = np.tanh(x)
     return x.sum()
@@ -807,8 +807,7 @@ def test_gradient_peak_falls():
     assert peak < 1.6 * 21 * x.nbytes, peak / x.nbytes
 
 
-# ---- habits from PyTorch, JAX and autograd; f-string formats -------------------------------------------------------
-# --- 25.5 habits from PyTorch, JAX and autograd ----------------------------------------------------------------
+# --- habits from PyTorch, JAX and autograd ----------------------------------------------------------------
 @pytest.mark.parametrize('name, says', [('backward', 'fastad.gradient(f, x)'), ('grad', 'fastad.gradient(f, x)'),
                                         ('requires_grad', 'fastad.gradient(f, x)'), ('detach', 'fastad.without_derivative(y)'),
                                         ('numpy', 'fastad.without_derivative(y)'), ('grad_fn', 'fastad.draw')])
@@ -843,7 +842,7 @@ def test_a_format_that_numpy_refuses_is_refused_as_numpy_refuses_it():
 # ---- copies and pickles of traced values ---------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent
 
-# --- 24.1 copies and pickles of traced values ---------------------------------------------------------------
+# --- copies and pickles of traced values ---------------------------------------------------------------
 @pytest.mark.parametrize('how', [copy.copy, copy.deepcopy, lambda y: copy.deepcopy([y])[0],
                                  lambda y: copy.deepcopy({'y': y})['y'], lambda y: copy.copy([y])[0]])
 def test_a_copy_is_the_same_value_with_the_same_derivative(how):
@@ -939,7 +938,7 @@ def test_the_release_callback_reads_no_globals_when_its_namespace_goes():
     assert _stderr_at_exit(_PROGRAM, _RECORD + _NEW_FORM) == ''
 
 
-def test_the_old_callback_did_fail_when_its_namespace_went():
+def test_a_callback_that_reads_its_namespaces_globals_fails_when_the_namespace_goes():
     "What the test above guards against: the same program with the callback that reads its namespace's globals."
     assert "NameError: name '" in _stderr_at_exit(_PROGRAM, _RECORD + _OLD_FORM)
 

@@ -43,8 +43,7 @@ def saved_by_the_tape(kept, x):
 
 
 
-# ---- a KeyboardInterrupt at each line of the engine's critical sections --------------------------------------------
-# --- 24.3 a KeyboardInterrupt at each line of the critical sections -------------------------------------------
+# --- a KeyboardInterrupt at each line of the critical sections -------------------------------------------
 class Interrupt:
     """Raise KeyboardInterrupt at the `n`-th line that runs in any of `codes` (then stop: a trace function that
     raises is switched off, so each run gets exactly one interrupt). `.site` is where it landed.
@@ -162,7 +161,6 @@ def test_an_interrupt_anywhere_in_derivative_leaves_no_registration_without_a_ha
     assert any(s[0] == 'push' for s in sites) and any(s[0] in ('_register', 'register') for s in sites)
 
 
-# ---- an exception in the middle leaves nothing behind --------------------------------------------------------------
 # --- an exception in the middle leaves nothing behind -------------------------------------------------------------
 class Boom(Exception): pass
 

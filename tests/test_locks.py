@@ -1,7 +1,8 @@
-"""The arguments being differentiated are locked for the whole recording, before their first use.
-
-A review of the cheaper locking found two writes that a lock taken only when a chain first reads an argument let
-through, each giving a wrong gradient with no error; both are refused again, and these tests keep them so."""
+"""Locks: the arguments being differentiated are locked for the whole recording, before their first use; the arrays a
+chain keeps (declared with `keeps=`, or found in a custom rule's closures) are locked until its pullback is done, and a
+write into them later is refused; in-place operators on traced arrays and on views that share memory give NumPy's value
+and the right gradient, or a fastad error that says what to write. The user's arrays are never written and never left
+read-only."""
 import numpy as np
 import pytest
 import fastad as fd
@@ -76,12 +77,12 @@ def test_release_never_raises():
 def _writeable(*arrays): return all(a.flags.writeable for a in arrays)
 
 
-# ---- 3. arrays a chain keeps, written later ----
+# ---- arrays a chain keeps, written later ----
 
 ROWS = [np.array([1., 2., 3.]), np.array([4., 5., 6.])]
 
 def refilled(x, buf):
-    "The issue's loop: one scratch buffer refilled each iteration, multiplied into the result."
+    "A loop with one scratch buffer refilled each iteration, multiplied into the result."
     y = 0.0
     for row in ROWS:
         buf[:] = row
@@ -259,9 +260,9 @@ def test_inputs_and_constants_are_never_written():
     assert _writeable(x, c)
 
 
-# ---- 4. in-place operators on traced arrays ----
+# ---- in-place operators on traced arrays ----
 
-def test_the_issues_example_is_refused():
+def test_an_in_place_write_through_a_view_of_a_traced_array_is_refused():
     def f(v):
         y = v * 1
         z = y[:1]
@@ -348,7 +349,7 @@ def test_a_view_that_died_long_ago_does_not_confuse_a_fresh_array():
     np.testing.assert_allclose(fd.gradient(f, np.array([1., 2.])), [20 * 2 + 20 * 3, 20 * 3])
 
 
-# ---- review of 3 and 4: arguments, shared locks, index arrays, recomputation, aliased arguments ----
+# ---- arguments, shared locks, index arrays, recomputation, aliased arguments ----
 
 def test_an_argument_written_after_value_with_pullback_is_refused():
     x = np.array([1., 2.])

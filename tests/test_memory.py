@@ -1,5 +1,5 @@
-"""Memory and failure: long training keeps memory flat, a dropped pullback frees its tape, an exception in the
-middle of a forward or backward pass leaves nothing behind, and threads each get their own log and backend.
+"""Memory: long training keeps memory flat, a dropped pullback frees its tape, a finished gradient keeps nothing, and
+memory meters nest.
 
 Weak references prove what is freed: NumPy arrays and Python functions accept them (the traced value and the
 trace use __slots__ without a weakref slot, so we watch what they hold instead). Where a test says "without

@@ -1,4 +1,4 @@
-"Models as a PyTorch, Keras or JAX user writes them, and the pieces of a training loop (issues 25, 24 and 18)."
+"Models as a PyTorch, Keras or JAX user writes them, and the pieces of a training loop: fields, rebuilding, derived values, frozen models, tied layers, SGD and Adam."
 import dataclasses, functools, inspect
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from fastad.tree import flatten
 def close(a, b, tol=1e-6): np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 X = np.ones((2, 3), np.float32)
 
-# --- 25.1: parameters assigned in __init__ or __post_init__ are refused, with the field form ----------------------
+# --- parameters assigned in __init__ or __post_init__ are refused, with the field form ----------------------
 class TorchNet(fd.Layer):
     def __init__(self): self.l1 = fd.Dense(3, 1)
     def forward(self, x): return self.l1(x)
@@ -48,7 +48,7 @@ def test_values_derived_in_post_init_and_plain_settings_still_work():
         def __post_init__(self): self.mask = np.array([1.0, 0.0])
     close(fd.gradient(lambda m: (m.w * m.mask).sum(), Constant(np.ones(2))).w, [1.0, 0.0])
 
-# --- 25.4: tree_map, Sequential, SGD with momentum, Adam, has_aux ------------------------------------------------
+# --- tree_map, Sequential, SGD with momentum, Adam, has_aux ------------------------------------------------
 def dense(n_in, n_out, seed, **kw): return fd.Dense(n_in, n_out, rng=np.random.default_rng(seed), **kw)
 
 def test_tree_map_scales_a_gradient_and_keeps_static_fields():
@@ -127,7 +127,7 @@ def test_has_aux_as_in_jax():
     with pytest.raises(DifferentiationError, match=r"has_aux=True: f must return a pair \(value, aux\)"):
         fd.value_with_gradient(lambda w: (w.sum(), 1, 2), w, has_aux=True)
 
-# --- 25.7, 18.6: signatures and fields from the class statement ---------------------------------------------------
+# --- signatures and fields from the class statement ---------------------------------------------------
 @pytest.mark.parametrize('layer, names', [(fd.MaxPool2D, ['pool_size', 'strides', 'padding']), (fd.Sequential, ['layers']),
                                          (fd.ActivationDiscarding, ['wrapped']), (fd.Dense, ['input_size', 'output_size', 'activation']),
                                          (fd.Conv2D, ['filter_shape', 'strides', 'padding', 'activation'])])
@@ -158,14 +158,14 @@ def test_an_explicit_decorator_keeps_the_last_word():
         w: np.ndarray                                                  # after a default: only kw_only allows it
     assert fd.gradient(lambda m: (m.w * m.a).sum(), KeywordsOnly(w=np.ones(2), a=3.0)).a == 2.0
 
-# --- 18.7: Dense has no activation unless given one -----------------------------------------------------------------
+# --- Dense has no activation unless given one -----------------------------------------------------------------
 def test_dense_defaults_to_no_activation():
     layer = fd.Dense(weight=np.array([[-1.0]]), bias=np.array([0.0]))
     assert layer.activation is None and fd.Dense(2, 3).activation is None
     close(layer(np.array([[2.0]])), [[-2.0]])                           # was relu: 0
     assert dataclasses.fields(fd.Dense)[2].default is None
 
-# --- 24.4: models rebuilt exactly -----------------------------------------------------------------------------------
+# --- models rebuilt exactly -----------------------------------------------------------------------------------
 def test_a_model_with_an_initvar_is_refused():
     class Scaled(fd.Differentiable):
         w: np.ndarray
@@ -429,7 +429,6 @@ def test_adam_refuses_an_eps_that_is_not_positive(eps):
         fd.Adam(tied(), eps=eps)
 
 
-# ---- nondifferentiable(default=..., init=False) --------------------------------------------------------------------
 # ---------------------------------------------------------------- nondifferentiable(default=..., init=False)
 
 class Scaled(fd.Differentiable):
@@ -478,7 +477,6 @@ def test_a_frozen_model_keeps_init_false_defaults():
     assert fd.gradient(lambda m: m.w * m.scale, m).w == 4.0
 
 
-# ---- fields derived in __post_init__, frozen models ----------------------------------------------------------------
 # --- models ------------------------------------------------------------------------------------------------------------
 def test_a_field_derived_in_post_init_is_differentiated():
     class Doubled(fd.Differentiable):

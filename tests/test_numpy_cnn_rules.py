@@ -1,4 +1,4 @@
-"""The rules a CNN written in plain NumPy runs through (issue 22): `einsum` and its pullback, `sliding_window_view`
+"""The rules a CNN written in plain NumPy runs through: `einsum` and its pullback, `sliding_window_view`
 and its pullback, `max`/`min` over several axes with ties, and a bias's cotangent. Each against central differences
 or an independent reference, first and second order; and the learner's whole step against the hand-written one."""
 import sys

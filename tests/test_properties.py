@@ -788,7 +788,7 @@ def partition_draw(data):
     kth = data.draw(st.integers(-n, n - 1) | st.lists(st.integers(0, n - 1), min_size=1, max_size=2, unique=True))
     return [values(data, shape, 'distinct')], dict(kth=kth, axis=axis)
 spec("np.partition", ["numpy.partition"], lambda x, **k: np.partition(x, **k), partition_draw, note='distinct values: no ties')
-# results that move with a float input (issue 17): they have derivatives now, not a place in the no-derivative table
+# results that move with a float input: they have derivatives now, not a place in the no-derivative table
 spec("np.unique", ["numpy.unique"], lambda x: np.unique(x), one(kind='distinct'), note='distinct values: each its own first occurrence')
 def bincount_draw(data):
     n = data.draw(st.integers(1, 5))                   # none: NumPy's result is integer zeros, with no derivative

@@ -1,4 +1,5 @@
-"""README.md is generated from nbs/index.ipynb; it must not drift, and CI runs the command it shows."""
+"""README.md is generated from nbs/index.ipynb; it must not drift, and CI runs the command it shows; it names the MNIST
+loader and the offline digits."""
 import re, subprocess, sys
 import pytest
 from pathlib import Path
@@ -47,8 +48,7 @@ def test_docs_config_matches_settings():
     assert (ROOT / 'nbs' / '_quarto.yml').is_symlink() and (ROOT / 'nbs' / '_quarto.yml').resolve() == ROOT / '_quarto.yml'
 
 
-# ---- the README names the loader and the offline digits ------------------------------------------------------------
-# --- 25.8 the README names the loader and the offline digits -------------------------------------------------
+# --- the README names the loader and the offline digits -------------------------------------------------
 def test_the_readme_names_the_mnist_loader_and_the_offline_digits():
     readme = (ROOT / 'README.md').read_text()
     data = readme.split('## Data', 1)[1].split('\n## ', 1)[0]

@@ -1,4 +1,4 @@
-"Issue 18: one registry, one rule form, names that don't collide."
+"The registry: one registry, one rule form, names that don't collide; installing a derivative for a Python function."
 import numpy as np, pytest
 import fastad as fd
 

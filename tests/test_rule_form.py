@@ -1,4 +1,4 @@
-"""One rule form (issue 18, point 2): primitives and custom VJPs are called the same way, and one tape entry may hold
+"""One rule form: primitives and custom VJPs are called the same way, and one tape entry may hold
 several outputs. Multi-output primitives (svd, eigh, qr, slogdet) against float64 central differences, at first and
 second order, with only some of their outputs used; custom VJPs with several outputs and inputs; the names retired."""
 import numpy as np, pytest

@@ -3,6 +3,7 @@
 Every covered function is checked at first order; the special functions, softmax and logsumexp at second order too,
 on NumPy and under the strict backend. SciPy's own routines (linalg, signal) need host arrays, as SciPy does, so
 those run on NumPy. The central differences call SciPy itself on host arrays: the reference is SciPy's value.
+And SciPy's edges: polygamma's orders, densities at their ends, xlogy where x is 0, logsumexp over empty or -inf slices.
 """
 import subprocess, sys, textwrap, warnings
 import numpy as np, pytest

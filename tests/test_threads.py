@@ -86,8 +86,7 @@ def test_a_first_registration_during_another_threads_replay_is_undone_cleanly():
     np.testing.assert_allclose(fd.gradient(lambda x: sin_of(x).sum(), np.ones(2)), np.cos(1.))
 
 
-# ---- one trace_primitives object, nested and across threads --------------------------------------------------------
-# --- 24.3 one trace_primitives object, nested and across threads ----------------------------------------------
+# --- one trace_primitives object, nested and across threads ----------------------------------------------
 def test_one_trace_primitives_object_nests():
     tp = fd.trace_primitives()
     with tp as outer:
@@ -124,7 +123,6 @@ def test_one_log_open_in_another_thread_is_refused():
     assert engine._logging == 0 and engine._log.get() is None
 
 
-# ---- threads: each its own log and backend -------------------------------------------------------------------------
 # --- threads: each its own log and backend --------------------------------------------------------------------------
 THREAD_JOBS = {            # name: (backend, function, input)
     'numpy-sin': ('numpy', lambda x: (np.sin(x) * x).sum(), np.linspace(0, 1, 5)),

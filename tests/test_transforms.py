@@ -1,4 +1,6 @@
-"""The transforms on structures, their error paths, and the custom-derivative API."""
+"""The transforms on structures, their error paths, and the custom-derivative API: custom rules at every trace level,
+closures refused, models rebuilt through their constructor, registrations a user can see and undo, one structure
+walker, and the cotangents a custom pullback gets (private, of the result's dtype, one per input) and what it keeps."""
 import warnings
 from collections import namedtuple
 import numpy as np, pytest
@@ -450,9 +452,7 @@ def test_a_hook_that_changes_g_in_place_counts_in_every_higher_order(hook):
     np.testing.assert_allclose(rows, g_tripled(x2), rtol=1e-9)
 
 
-# ---- custom rules at every level, closures, rebuilt models, memo per thread, registrations, one walker -------------
-
-# --- 1b: a custom rule is what gets differentiated, at every trace level ----------------------------------
+# --- a custom rule is what gets differentiated, at every trace level ----------------------------------
 def safe_log_vjp(x): return np.log(x), lambda g: g / np.maximum(x, 1e-3)
 safe_log = fd.differentiable_function(safe_log_vjp, name='safe_log')
 
@@ -494,7 +494,7 @@ def test_custom_rule_with_structured_arguments_on_mixed_levels():
     pair = fd.differentiable_function(lambda a: ((a * 2, a * 3), lambda g: g[0] * 20 + g[1] * 30), name='pair')
     close(fd.gradient(lambda a: fd.value_with_gradient(lambda z: pair(a + z)[1], 0.0)[0], 1.0), 30.0)
 
-# --- 1c: a VJP whose value comes from a traced value it was not given is refused ------------------------------
+# --- a VJP whose value comes from a traced value it was not given is refused ------------------------------
 def test_closure_over_a_traced_value_with_plain_arguments_is_refused():
     def loss(x): return fd.differentiable_function(lambda y: (x * y, lambda g: 0 * g), name='closes')(2.0)
     with pytest.raises(DifferentiationError, match="closes: its VJP computed its value from a traced value it was not given"):
@@ -514,7 +514,7 @@ def test_closure_over_a_traced_value_through_a_registered_forward_is_refused():
     with pytest.raises(DifferentiationError, match="scaled: its VJP computed its value from a traced value"):
         fd.gradient(loss, 3.0)
 
-# --- 1d: models are rebuilt through their constructor; frozen models work -----------------------------------
+# --- models are rebuilt through their constructor; frozen models work -----------------------------------
 class Cached(fd.Differentiable):
     w: np.ndarray
     cache: np.ndarray = dataclasses.field(init=False)
@@ -614,7 +614,7 @@ def test_labels_in_errors_name_the_path_to_the_item():
     with pytest.raises(DifferentiationError, match=r"argument 1\[1\] is a str"): flatten((1.0, [2.0, 'x']), arguments=True)
     with pytest.raises(DifferentiationError, match=r"argument\['k'\]\[0\]\[1\] is a NoneType"): flatten({'k': [(1.0, None)]})
 
-# --- 4: the custom pullbacks' memo belongs to each thread ---------------------------------------------------
+# --- the custom pullbacks' memo belongs to each thread ---------------------------------------------------
 def test_custom_pullbacks_of_one_function_in_four_threads():
     def mul_vjp(a, b): return a * b, lambda g: (g * b, g * a)
     mul = fd.differentiable_function(mul_vjp, name='mul')
@@ -634,7 +634,7 @@ def test_custom_pullbacks_of_one_function_in_four_threads():
     finally: sys.setswitchinterval(old)
     assert errors == []
 
-# --- 6: one walker -----------------------------------------------------------------------------------------
+# --- one walker -----------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class Box:
@@ -675,7 +675,7 @@ def test_tree_imports_nothing_above_errors():
     from_fastad = [n.module for n in module.body if isinstance(n, ast.ImportFrom) and (n.level or n.module.startswith('fastad'))]
     assert from_fastad == ['errors'], from_fastad                      # the backend can import the walker
 
-# --- 5: registrations a user can see and undo ---------------------------------------------------------------
+# --- registrations a user can see and undo ---------------------------------------------------------------
 def lopsided(x):
     "Doubles x."
     return 2 * x
@@ -816,7 +816,6 @@ def test_a_pullback_for_two_inputs_returning_two_cotangents_works():
     np.testing.assert_allclose(gx, [4., 10., 18.]); np.testing.assert_allclose(gy, 0.)
 
 
-# ---- custom derivatives and trace levels ---------------------------------------------------------------------------
 # --- custom derivatives and trace levels ----------------------------------------------------------------------------
 
 def test_custom_derivative_with_an_argument_of_two_trace_levels():
@@ -834,8 +833,7 @@ def test_custom_vjp_closing_over_a_traced_value_with_constant_arguments():
     with pytest.raises(DifferentiationError): fd.gradient(f, 3.0)
 
 
-# ---- cotangents a custom pullback may trust, and what it keeps alive -----------------------------------------------
-# --- 17.2: cotangents are not shared mutable state -------------------------------------------------------------
+# --- cotangents are not shared mutable state -------------------------------------------------------------
 
 def _tripled_in_place():
     def vjp(x):
@@ -874,7 +872,7 @@ def test_a_custom_pullbacks_cotangent_is_read_only_but_the_caller_keeps_a_writab
     np.testing.assert_array_equal(fd.pullback(f, np.zeros(3))(v), [2, 2, 2])
     assert not seen[-1].flags.writeable and v.flags.writeable
 
-# --- 17.8: cotangent types -------------------------------------------------------------------------------------
+# --- cotangent types -------------------------------------------------------------------------------------
 
 def test_a_python_float_cotangent_for_a_float64_scalar_result_is_cast():
     A = np.array([[2., 1.], [1., 3.]])
@@ -889,7 +887,7 @@ def test_a_custom_pullback_receives_a_numpy_value_of_the_results_dtype(x, cotang
     fd.pullback(lambda x: double(x), x)(cotangent)
     assert isinstance(seen[-1], (np.ndarray, np.generic)) and seen[-1].dtype == dtype, (type(seen[-1]), seen[-1])
 
-# --- 24.5: np.matrix cotangents and inputs ----------------------------------------------------------------------
+# --- np.matrix cotangents and inputs ----------------------------------------------------------------------
 
 @pytest.mark.filterwarnings('ignore::PendingDeprecationWarning')   # np.matrix, on purpose
 def test_an_np_matrix_cotangent_is_an_array_at_the_door():
@@ -915,7 +913,7 @@ def test_an_np_matrix_input_is_a_fastad_error():
     with pytest.raises(DifferentiationError, match=r"argument 0 is a numpy.matrix.*numpy.asarray"):   # before: keepdims TypeError
         fd.gradient(lambda x: (x * x).sum(), np.matrix([[1., 2.], [3., 4.]]))
 
-# --- 24.2: what a pullback keeps alive ----------------------------------------------------------------------------
+# --- what a pullback keeps alive ----------------------------------------------------------------------------
 
 N = 1_000_000                                            # 8 MB of float64
 
