@@ -53,6 +53,7 @@ def known_output(stem):
             if line and o.get('output_type') != 'error': return line
     return None
 
+@pytest.mark.slow                                      # every page: about 40 s; CI's slow phase runs it
 def test_every_page_opens_with_its_title_and_outputs_and_no_errors(browser, site):
     from selenium.webdriver.common.by import By
     pages = [build_docs.page_name(s) for s in sidebar_stems()] + ['api', 'numpy', 'benchmarks']
@@ -209,6 +210,7 @@ def jupyterlab(tmp_path):
         except ProcessLookupError: pass
         log.close()
 
+@pytest.mark.slow                                      # starts JupyterLab and runs a lesson: about a minute and a half
 def test_lesson_01_runs_in_jupyterlab(browser, jupyterlab):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
