@@ -1,4 +1,4 @@
-"""SGD, SGD with momentum and Adam on lesson 05b's MNIST classifier: validation accuracy after the same steps.
+"""SGD, SGD with momentum and Adam on lesson 05's MNIST classifier: validation accuracy after the same steps.
 
 Run:  .venv/bin/python bench/optimizers.py [--steps 600]
 Each optimizer starts from the same weights and sees the same batches; the printout is one row per optimizer.
@@ -9,7 +9,7 @@ import fastad as fd
 from fastad.data import load_mnist
 
 class Classifier(fd.Layer):
-    "Pixels -> hidden ReLU layer -> ten logits (lesson 05b's model)."
+    "Pixels -> hidden ReLU layer -> ten logits (lesson 05's model)."
     hidden: fd.Dense
     output: fd.Dense
     def forward(self, x): return self.output(self.hidden(x))

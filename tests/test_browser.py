@@ -147,13 +147,14 @@ def test_a_long_line_scrolls_and_its_end_can_be_reached(browser, site, page, mar
     assert width[0] <= width[1], f"{page}: the page itself does not scroll sideways: {width}"
 
 def test_the_course_tables_links_open_their_pages(browser, site):
-    "The index's course table: each notebook's name is a link, and it opens that notebook's page."
+    "The index's course tables (the lessons, then the reference): each notebook's name is a link that opens its page."
     from selenium.webdriver.common.by import By
     browser.get((site / 'index.html').as_uri())
-    table = browser.find_element(By.CSS_SELECTOR, 'article table')
-    links = [(a.text, a.get_attribute('href')) for a in table.find_elements(By.CSS_SELECTOR, 'a')]
-    names = [c.text for c in table.find_elements(By.CSS_SELECTOR, 'td code')]
-    assert len(links) >= 10 and [n for n, _ in links] == [n for n in names if re.match(r'\d', n)]
+    tables = browser.find_elements(By.CSS_SELECTOR, 'article table')[:2]
+    links = [(a.text, a.get_attribute('href')) for t in tables for a in t.find_elements(By.CSS_SELECTOR, 'a')]
+    names = [c.text for t in tables for c in t.find_elements(By.CSS_SELECTOR, 'td code')]
+    assert sorted(n for n, _ in links) == sorted(p.stem for p in (ROOT / 'nbs').glob('[0-9]*.ipynb'))
+    assert [n for n, _ in links] == [n for n in names if re.match(r'\d', n)]
     for name, href in links:
         browser.get(href)
         h1 = browser.find_element(By.TAG_NAME, 'h1').text
@@ -161,10 +162,10 @@ def test_the_course_tables_links_open_their_pages(browser, site):
         assert href.endswith(f'/{stem_page}.html') and h1 and browser.title.startswith(h1.rstrip('#').strip()), (name, href, h1)
 
 def test_every_lesson_title_carries_its_number(browser, site):
-    "Lessons 1 to 7: 'Lesson N: ...' as the tab's title, the page's heading and the sidebar's entry."
+    "Lessons 1 to 9: 'Lesson N: ...' as the tab's title, the page's heading and the sidebar's entry."
     from selenium.webdriver.common.by import By
     lessons = [(s, build_docs.lesson_number(s)) for s in sidebar_stems() if build_docs.lesson_number(s) is not None]
-    assert [n for _, n in lessons] == list(range(1, 8))
+    assert [n for _, n in lessons] == list(range(1, 10))
     for stem, n in lessons:
         browser.get((site / f'{build_docs.page_name(stem)}.html').as_uri())
         current = browser.find_element(By.CSS_SELECTOR, '.sidebar a.current').text

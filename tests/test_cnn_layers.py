@@ -1,4 +1,4 @@
-"""The CNN layers of lesson 05 (nbs/05a_cnn_layers.ipynb) against independent references and float64 central differences.
+"""The CNN layers of lesson 06 (nbs/06_cnn_layers.ipynb) against independent references and float64 central differences.
 
 Forward passes are compared with naive loops written here (with their own 'same'-padding rule); every gradient,
 of inputs and of layer fields, is compared with central differences along random directions, for strides and

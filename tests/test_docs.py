@@ -32,21 +32,34 @@ def test_the_index_page_is_the_readmes_notebook():
     assert sidebar_stems()[0] == 'index', "the sidebar opens with the index page"
 
 def lesson_rank(stem):
-    "0 for the index, 1 for lessons 01-05 and their sub-notebooks (03a_...), 2 for the appendix (90_...)."
+    "0 for the index, 1 for a lesson (`NN_name`, NN below 90), 2 for a reference chapter (`03a_...`), 3 for the appendix (90*)."
     if stem == 'index': return 0
-    return 1 if re.match(r'0[1-9]', stem) else 2
+    number, letter = re.match(r'(\d+)([a-z]?)', stem).groups()
+    return 3 if int(number) >= 90 else 2 if letter else 1
 
 def course_number(stem):
     "`03a1_more` -> (3, 'a', 1): sub-notebooks follow their lesson, and 03a1 comes after 03a, before 03b."
     number, letter, sub = re.match(r'(\d+)([a-z]?)(\d*)', stem).groups()
     return int(number), letter, int(sub or 0)
 
-def test_sidebar_lists_the_lessons_first_then_the_appendix():
+def test_sidebar_lists_every_lesson_then_the_reference_chapters_then_the_appendix():
     stems = sidebar_stems()
     ranks = [lesson_rank(s) for s in stems]
-    assert ranks == sorted(ranks), f"order should be index, lessons 01-05 (with sub-notebooks), then 90_*: {stems}"
-    lessons = [s for s in stems if lesson_rank(s) == 1]
-    assert lessons == sorted(lessons, key=course_number), f"lessons in number order: {lessons}"
+    assert ranks == sorted(ranks), f"order should be index, every lesson, the reference chapters (03a_...), then 90*: {stems}"
+    for rank in (1, 2, 3):
+        group = [s for s in stems if lesson_rank(s) == rank]
+        assert group == sorted(group, key=course_number), f"in number order: {group}"
+    lessons = [course_number(s)[0] for s in stems if lesson_rank(s) == 1]
+    assert lessons == list(range(1, len(lessons) + 1)), f"lessons numbered 1, 2, 3, ... without a gap: {lessons}"
+
+def test_sidebar_sections_say_what_they_hold():
+    "A section of lessons is titled 'Lessons...', of reference chapters 'Reference...', of the appendix 'Appendix...'."
+    heads = {1: 'Lesson', 2: 'Reference', 3: 'Appendix'}
+    for title, stems in build_docs.course_order():
+        if title is None: assert stems == ['index']; continue
+        kinds = {lesson_rank(s) for s in stems}
+        assert len(kinds) == 1 and title.startswith(heads[kinds.pop()]), (title, stems)
+        assert not re.search(r'\d', title), f"the pages number the lessons; a section's title repeats no number: {title}"
 
 def test_every_numbered_notebook_is_in_the_sidebar():
     missing = sorted({p.stem for p in NBS.glob('[0-9]*.ipynb')} - set(sidebar_stems()))
@@ -115,7 +128,7 @@ def squeeze(s): return re.sub(r'\s+', '', s)   # highlighting splits code into t
 
 def test_one_page_per_notebook_and_the_reference_pages(site):
     expected = {build_docs.page_name(s) for s in sidebar_stems()} | {'api', 'numpy', 'benchmarks'}
-    assert {p.stem for p in site.glob('*.html')} == expected
+    assert {p.stem for p in site.glob('*.html')} == expected | set(build_docs.RENAMED)
     assert (site / 'site.css').stat().st_size > 1000
 
 @pytest.mark.parametrize('stem', [p.stem for p in sorted(NBS.glob('[0-9]*.ipynb'))])
@@ -289,10 +302,10 @@ def test_code_scrolls_sideways_instead_of_being_cut_off(site):
 def test_the_course_table_links_each_notebook_to_its_page(site):
     "The index's table names notebooks (`01_matmul`): each is a link to that notebook's page."
     page = (site / 'index.html').read_text()
-    table = re.search(r'<table\b.*?</table>', page.split('id="contents"')[0], re.S).group(0)
+    table = ''.join(re.findall(r'<table\b.*?</table>', page.split('id="contents"')[0], re.S))   # lessons, then reference
     named = re.findall(r'<code>(\d\w*)</code>', table)
     linked = re.findall(r'<a href="([\w.-]+)\.html"><code>(\d\w*)</code></a>', table)
-    assert len(named) >= 10 and [s for _, s in linked] == named, "every notebook the table names is linked"
+    assert sorted(named) == sorted(p.stem for p in NBS.glob('[0-9]*.ipynb')) and [s for _, s in linked] == named, "every notebook the table names is linked"
     assert all(href == build_docs.page_name(s) and (site / f'{href}.html').exists() for href, s in linked)
 
 def lessons():
@@ -301,7 +314,7 @@ def lessons():
 def test_every_lesson_carries_its_number(site):
     """`NN_name` is lesson N: "Lesson N: title" in its page's title and heading, in the sidebar and the index; once
     only where the notebook's title already says so; reference pages (03a_...) and the appendix (90_...) unnumbered."""
-    assert [n for _, n in lessons()] == [1, 2, 3, 4, 5, 6, 7], lessons()
+    assert [n for _, n in lessons()] == [1, 2, 3, 4, 5, 6, 7, 8, 9], lessons()
     index = (site / 'index.html').read_text()
     for stem, n in lessons():
         page = (site / f'{build_docs.page_name(stem)}.html').read_text()
@@ -310,7 +323,24 @@ def test_every_lesson_carries_its_number(site):
         assert re.search(rf'<h1[^>]*>{re.escape(title)}', page), f"{stem}: the page's heading"
         assert f'aria-current="page">{title}</a>' in page, f"{stem}: the sidebar"
         assert f'<a href="{build_docs.page_name(stem)}.html">{title}</a>' in index, f"{stem}: the index's contents"
-    for stem in ('03a_primitives', '05c_planner', '90_backend'):
+    for stem in ('03a_primitives', '07c_planner', '90_backend'):
         page = (site / f'{build_docs.page_name(stem)}.html').read_text()
         assert not re.search(r'<title>Lesson', page), f"{stem} is a reference page, not a lesson"
-    assert build_docs.numbered('Lesson 7: SciPy in the loss', 7) == 'Lesson 7: SciPy in the loss'
+    assert build_docs.numbered('Lesson 9: SciPy in the loss', 9) == 'Lesson 9: SciPy in the loss'
+
+# --- 4. old names keep working ------------------------------------------------------------------------------
+def test_each_renamed_notebook_is_gone_under_its_old_name_and_present_under_its_new_one():
+    for old, new in build_docs.RENAMED.items():
+        assert not (NBS / f'{old}.ipynb').exists() and (NBS / f'{new}.ipynb').exists(), (old, new)
+        assert new in sidebar_stems(), new
+
+def test_an_old_name_redirects_to_its_new_page(site):
+    "`05b_classifier.html` sends the browser to `classifier.html` at once, with a link; each new page keeps its URL."
+    assert build_docs.RENAMED['05b_classifier'] == '05_classifier' and build_docs.RENAMED['05_checkpointing'] == '07_checkpointing'
+    for old, new in build_docs.RENAMED.items():
+        target = f'{build_docs.page_name(new)}.html'
+        page = (site / f'{old}.html').read_text()
+        assert re.search(rf'<meta http-equiv="refresh" content="0; url={re.escape(target)}">', page), (old, page)
+        assert f'<a href="{target}">' in page and (site / target).exists(), (old, target)
+        assert '<meta http-equiv="refresh"' not in (site / target).read_text(), f"{target} is the page, not a redirect"
+    assert (site / 'checkpointing.html').read_text().count('<title>Lesson 7: ') == 1, "the page name stays; its number is 7"

@@ -12,7 +12,7 @@ NOTEBOOKS = sorted(p.stem for p in NBS.glob('*.ipynb'))
 
 # The notebooks whose exported definitions are each shown and tested; the others are on their way there.
 SHOWN_AND_TESTED = ['03a_primitives', '03b1_numpy_dispatch', '03d1_trampoline', '03h_layers_and_optimizers',
-                    '04_custom_derivatives', '05_checkpointing', '05d_checkpointing_machinery', '90_errors',
+                    '04_custom_derivatives', '07_checkpointing', '07d_checkpointing_machinery', '90_errors',
                     '90c_timing', '90f_progress']
 
 def cells(stem): return json.loads((NBS / f'{stem}.ipynb').read_text())['cells']

@@ -146,4 +146,4 @@ def test_the_budget_planner_is_a_module_of_its_own():
 
 def test_the_sidebar_lists_the_new_pages():
     sidebar = (PACKAGE.parent / 'nbs' / 'sidebar.yml').read_text()
-    assert '05c_planner.ipynb' in sidebar and '90f_progress.ipynb' in sidebar
+    assert '07c_planner.ipynb' in sidebar and '90f_progress.ipynb' in sidebar

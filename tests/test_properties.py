@@ -231,7 +231,7 @@ spec("fd.log_softmax", ["fastad.log_softmax"], lambda x, axis: fd.log_softmax(x,
 # a ufunc called with keywords goes through the engine's ufunc adapter (dtype= here)
 spec("ufunc(dtype=)", ["numpy.ufunc"], lambda x, y: np.multiply(x, y, dtype=np.result_type(x, y)), elementwise('real', 'real'))
 
-# the CNN layers' primitives (lesson 05a): small NHWC images, both paddings, strides 1 and 2
+# the CNN layers' primitives (lesson 06): small NHWC images, both paddings, strides 1 and 2
 def conv_draw(data):
     n, h, w, c, o = data.draw(st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(3, 5), st.integers(1, 2), st.integers(1, 2)))
     kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))

