@@ -56,3 +56,16 @@ def test_every_lesson_runs_on_the_strict_backend():
 def test_every_lesson_runs_on_the_gpu_with_its_gpu_cells():
     done = run_lessons('cupy', '--flags', 'gpu')
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+# --- prose that quotes a timing is printed from it ---------------------------------------------------------------
+def test_lesson_03s_speed_verdict_is_printed_from_the_measured_ratios():
+    "Whether the manual version less the skipped product comes out close to the engine is decided by the ratios."
+    cs = cells('03_vwc_chainers')
+    assert not any('comes out close to' in source(c) for c in cs if c['cell_type'] == 'markdown'), "prose can't know"
+    timing = next(source(c) for c in cs if c['cell_type'] == 'code' and 'skipped_t = timed(' in source(c))
+    assert 'verdict = "comes out close to the engine\'s time"' in timing and 'the product the engine never runs {verdict}' in timing
+    decide = 'ratio, without = R, W\n' + timing.split('ratio, without = ', 1)[1].split('\n', 1)[1].split('print(', 1)[0]
+    def verdict(r, w): ns = {'R': r, 'W': w}; exec(decide, ns); return ns['verdict']
+    assert verdict(0.93, 0.95).startswith('comes out close') and verdict(0.61, 0.95).startswith('is still slower')
+    assert verdict(1.3, 0.95).startswith('beats the engine')
