@@ -111,7 +111,7 @@ def _filter_cotangent(x, g, size, strides):
     n, oh, ow, o = g.shape
     c = x.shape[3]
     strips = windows(x, (1, kw), (1, sw))[..., 0, :].transpose(1, 0, 2, 4, 3)   # (h, n, ow, kw, c): each image row's windows
-    strips = strips.reshape(x.shape[1], n * ow, kw * c)                           # the one copy, kh times smaller than the rows
+    strips = strips.reshape(x.shape[1], n * ow, kw * c)                           # the one copy, several times smaller than the rows
     g = g.transpose(1, 0, 2, 3).reshape(oh * n * ow, o)                          # output pixels in the strips' order
     met = [strips[i:i + (oh - 1) * sh + 1:sh].reshape(-1, kw * c) for i in range(kh)]   # row i met image rows i, i + sh, ...
     return np.stack([m.T @ g for m in met]).reshape(kh, kw, c, o)
