@@ -285,8 +285,10 @@ _UFUNC_KEYWORDS = entry(np.ufunc)   # the row whose adapter (fastad.dispatch's) 
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 # NumPy converts a traced value (float(), __array__) both when user code asks for it and when user code assigns
 # it into a NumPy array (`a[i] = x`), from C: the messages name both cases rather than guess which one this is.
-_IN_PLACE = ("If this is an assignment into a NumPy array (`a[i] = x`): in-place updates of arrays with traced values "
-             "are not differentiable; build a new array instead: numpy.where(mask, x, a), numpy.concatenate or numpy.stack")
+_IN_PLACE = ("If this is an assignment into a plain NumPy array (`a[i] = x`), NumPy writes it itself and cannot record "
+             "it: write into a traced array instead, a = x * 0.0 or a = x.copy() from a traced x (a traced array records "
+             "`a[i] = v`), or build a new array with numpy.where(mask, x, a), numpy.concatenate or numpy.stack. "
+             "np.full(shape, x) cannot see x either: write np.full_like(x, x, shape=shape)")
 
 def _in_place(method, instead):
     "An array method that changes its array in place: refused on a traced value, naming what to write instead."
@@ -439,10 +441,6 @@ def __len__(self: Traced): return len(unbox(self))
 def __iter__(self: Traced): return (self[i] for i in range(len(self)))
 @patch
 def __getitem__(self: Traced, index): return apply(P.getitem_vwc.primitive, (self,), dict(index=unbox_all(index)))
-@patch
-def __setitem__(self: Traced, index, value):
-    raise DifferentiationError("cannot assign into a traced array: in-place updates are not differentiable. "
-                               "Build a new array instead, e.g. with numpy.where or numpy.concatenate")
 @patch
 def sum(self: Traced, axis=None, **kwargs): return np.sum(self, axis=axis, **kwargs)
 @patch
@@ -888,6 +886,71 @@ Traced.__iadd__, Traced.__isub__ = _in_place('+=', Traced.__add__), _in_place('-
 Traced.__imul__, Traced.__itruediv__ = _in_place('*=', Traced.__mul__), _in_place('/=', Traced.__truediv__)
 Traced.__ipow__, Traced.__imod__ = _in_place('**=', Traced.__pow__), _in_place('%=', Traced.__mod__)
 Traced.__imatmul__, Traced.__ifloordiv__ = _in_place('@=', Traced.__matmul__), _in_place('//=', Traced.__floordiv__)
+
+# %% ../nbs/03b_engine.ipynb #st000002
+def _set_key(index):
+    "The key of `x[key] = v`, normalised once: a tuple whose lists are arrays (copies, so later writes to them cannot reach the tape)."
+    parts = index if type(index) is tuple else (index,)
+    key, advanced = [], False
+    for k in parts:
+        if type(k) is Traced:
+            raise DifferentiationError("x[key] = v: the key is a traced array, and a position has no derivative: "
+                                       "use x[without_derivative(key)] = v")
+        if isinstance(k, list) or getattr(k, 'ndim', 0):
+            k = P._module_under(k).array(k) if hasattr(k, 'dtype') else np.array(k, dtype=None if k else np.intp)
+            if k.dtype.kind in 'iu': advanced = True  # integer indices may repeat: which write survives matters
+        key.append(k)
+    return tuple(key), advanced
+
+def _survivors(y, key):
+    "Where `y[key] = v` writes one place more than once, the writes that NumPy keeps (True), found by writing their numbers."
+    xp = P._module_under(y)
+    shape = np.shape(y[key])
+    numbers = xp.arange(int(np.prod(shape)), dtype=np.intp).reshape(shape)
+    written = xp.full(np.shape(y), -1, dtype=np.intp)
+    written[key] = numbers
+    kept = written[key] == numbers
+    return None if bool(kept.all()) else kept
+
+def _setitem_vwc(y, v, *, index, survivors=None):
+    "A copy of `y` with `v` written at `index` (NumPy's cast to y's dtype): g goes to v where its write survived, the rest to y."
+    if type(v) is Traced and type(y) is not Traced:   # an outer level's v goes into a constant of this level:
+        y = _new(v._recording, y, ('constant', ()))   # that level records the write too
+    out = y.copy()
+    out[index] = v
+    if unbox(out).dtype.kind != 'f': return out, (None, None)     # an integer array carries no derivative
+    vshape, vdtype = _shape(unbox(v)), getattr(unbox(v), 'dtype', None)
+    def dv(g):
+        gv = g[index]
+        if survivors is not None: gv = np.where(survivors, gv, 0.0)  # an overwritten write has no effect
+        gv = unbroadcast(gv, vshape)
+        return gv if vdtype is None or vdtype == gv.dtype or vdtype.kind != 'f' else gv.astype(vdtype)
+    return out, (lambda g: _SETITEM(g, 0.0, index=index), dv)
+
+_SETITEM = Primitive('setitem', _setitem_vwc)
+
+def _shared_set():
+    return DifferentiationError(
+        "x[key] = v: x is a traced array that shares memory with another traced array (a view such as x[:1], x.T "
+        "or x.reshape(...), the array such a view was taken of, or another argument passed the same array). NumPy "
+        "would change both; fastad records values, not memory, and would change x alone: a wrong value and gradient. "
+        "Write into a copy (z = x.copy(); z[key] = v), or build the result with numpy.where or numpy.concatenate")
+
+@patch
+def __setitem__(self: Traced, index, value):
+    "`x[key] = v`: x changes to a copy of x with v written at key, as in NumPy (refused where x shares memory)."
+    if not self._recording.active: raise _used_after_its_transform()
+    if not hasattr(unbox(self), '__setitem__'):
+        raise TypeError(f"'{type(unbox(self)).__name__}' object does not support item assignment")   # NumPy's, for a scalar
+    if _shares_memory(self): raise _shared_set()
+    key, advanced = _set_key(index)
+    _note_written(self)
+    new = apply(_SETITEM, (self, value), dict(index=key, survivors=_survivors(unbox(self), key) if advanced else None))
+    if new._recording is not self._recording:
+        raise DifferentiationError(
+            "x[key] = v: v is traced by a transform running inside the one x belongs to (x comes from an outer "
+            "function), so x would carry v's derivative out of that transform. Write z = x.copy(); z[key] = v")
+    self.value, self.idx = new.value, new.idx
 
 # %% ../nbs/03b_engine.ipynb #e8ba8422
 _collector_lock = threading.Lock()

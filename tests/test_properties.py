@@ -464,6 +464,14 @@ spec("scatter_add", ["fastad.primitives.scatter_add"],
      note="getitem's pullback, a primitive too (it runs forward in second-order sweeps, and as itself on a traced "
           "cotangent in third-order ones)")
 
+def _assign(x, v, index):
+    y = x * 1.0
+    y[index] = v                                  # recorded: y changes, x keeps its value
+    return y * x
+spec("x[index] = v", ["Traced.__setitem__"], _assign,
+     lambda data: (lambda xs, kw: ([xs[0], values(data, np.shape(xs[0][kw['index']]))], kw))(*index_draw(data)),
+     note="the same keys as x[index]; repeated indices keep NumPy's surviving write")
+
 def joined(stack):
     def draw(data):
         shape = list(data.draw(shape_st(min_dims=0 if stack else 1)))
@@ -919,7 +927,7 @@ spec("x.conj", ["Traced.conj", "Traced.conjugate"], lambda x: x.conj() * x.conju
 NOT_OPERATIONS = {
     '__repr__', '__array_ufunc__', '__array_function__', '__fastad_primitive__', '__array__', '__getattr__',
     '__floordiv__', '__rfloordiv__', '__ifloordiv__', '__round__', '__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__',
-    '__bool__', '__float__', '__int__', '__complex__', '__index__', '__len__', '__setitem__',
+    '__bool__', '__float__', '__int__', '__complex__', '__index__', '__len__',
     'shape', 'dtype', 'ndim', 'size', '__init__', '__new__', '__hash__',
     '__copy__', '__deepcopy__', '__format__', '__reduce__', '__reduce_ex__',   # tested in test_state_and_habits.py
 }
