@@ -888,8 +888,8 @@ Traced.__ipow__, Traced.__imod__ = _in_place('**=', Traced.__pow__), _in_place('
 Traced.__imatmul__, Traced.__ifloordiv__ = _in_place('@=', Traced.__matmul__), _in_place('//=', Traced.__floordiv__)
 
 # %% ../nbs/03b_engine.ipynb #st000002
-def _set_key(index):
-    "The key of `x[key] = v`, normalised once: a tuple whose lists are arrays (copies, so later writes to them cannot reach the tape)."
+def _set_key(index, xp):
+    "The key of `x[key] = v`, normalised once: a tuple whose lists are arrays of `xp`, x's module (copies, so later writes to them cannot reach the tape)."
     parts = index if type(index) is tuple else (index,)
     key, advanced = [], False
     for k in parts:
@@ -897,7 +897,7 @@ def _set_key(index):
             raise DifferentiationError("x[key] = v: the key is a traced array, and a position has no derivative: "
                                        "use x[without_derivative(key)] = v")
         if isinstance(k, list) or getattr(k, 'ndim', 0):
-            k = P._module_under(k).array(k) if hasattr(k, 'dtype') else np.array(k, dtype=None if k else np.intp)
+            k = P._module_under(k).array(k) if hasattr(k, 'dtype') else xp.asarray(k, dtype=None if k else np.intp)
             if k.dtype.kind in 'iu': advanced = True  # integer indices may repeat: which write survives matters
         key.append(k)
     return tuple(key), advanced
@@ -910,7 +910,12 @@ def _survivors(y, key):
     written = xp.full(np.shape(y), -1, dtype=np.intp)
     written[key] = numbers
     kept = written[key] == numbers
-    return None if bool(kept.all()) else kept
+    if bool(kept.all()): return None
+    if xp is not np:                                  # CuPy keeps any one of the writes, run to run: no derivative to give
+        raise DifferentiationError("x[key] = v: the key writes one place more than once, and on this backend which "
+                                   "write survives is not fixed, so neither is the gradient. Make the indices unique "
+                                   "(numpy.unique), or combine the values first (add.at)")
+    return kept
 
 def _setitem_vwc(y, v, *, index, survivors=None):
     "A copy of `y` with `v` written at `index` (NumPy's cast to y's dtype): g goes to v where its write survived, the rest to y."
@@ -943,7 +948,7 @@ def __setitem__(self: Traced, index, value):
     if not hasattr(unbox(self), '__setitem__'):
         raise TypeError(f"'{type(unbox(self)).__name__}' object does not support item assignment")   # NumPy's, for a scalar
     if _shares_memory(self): raise _shared_set()
-    key, advanced = _set_key(index)
+    key, advanced = _set_key(index, P._module_under(self))
     _note_written(self)
     new = apply(_SETITEM, (self, value), dict(index=key, survivors=_survivors(unbox(self), key) if advanced else None))
     if new._recording is not self._recording:

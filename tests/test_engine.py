@@ -1054,3 +1054,20 @@ def test_item_assignment_into_a_view_or_with_a_traced_key_is_refused():
         y[x * 0] = 1.0                            # a traced key
         return y
     with pytest.raises(DifferentiationError, match="the key is a traced array"): fd.gradient(lambda x: traced_key(x).sum(), np.ones(3))
+
+
+def test_item_assignment_with_a_list_key_runs_on_the_device(strict_backend):
+    "A Python list as the key becomes an index array of the array's own module (a host one was refused on a device)."
+    def f(x):
+        y = x * 1.0
+        y[[2, 0]] = x[:2] * 2
+        return (y * y).sum()
+    value, grad = fd.value_with_gradient(f, to_device(np.arange(4.)))
+    assert float(to_host(value)) == 14.0
+    close(grad, [0., 10., 0., 6.])
+    def repeated(x):
+        y = x * 1.0
+        y[[0, 0]] = x[:2]
+        return y.sum()
+    with pytest.raises(FastADError, match="more than once"):      # on a device, which write survives is not fixed
+        fd.gradient(repeated, to_device(np.arange(4.)))
