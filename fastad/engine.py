@@ -285,7 +285,7 @@ _UFUNC_KEYWORDS = entry(np.ufunc)   # the row whose adapter (fastad.dispatch's) 
 _REDUCE_UFUNCS = {np.add: np.sum, np.maximum: np.max, np.minimum: np.min}
 # NumPy converts a traced value (float(), __array__) both when user code asks for it and when user code assigns
 # it into a NumPy array (`a[i] = x`), from C: the messages name both cases rather than guess which one this is.
-_IN_PLACE = ("If this is an assignment into a plain NumPy array (`a[i] = x`), NumPy writes it itself and cannot record "
+_IN_PLACE = ("If this is an in-place assignment into a plain NumPy array (`a[i] = x`), NumPy writes it itself and cannot record "
              "it: write into a traced array instead, a = x * 0.0 or a = x.copy() from a traced x (a traced array records "
              "`a[i] = v`), or build a new array with numpy.where(mask, x, a), numpy.concatenate or numpy.stack. "
              "np.full(shape, x) cannot see x either: write np.full_like(x, x, shape=shape)")
@@ -917,6 +917,8 @@ def _survivors(y, key):
                                    "(numpy.unique), or combine the values first (add.at)")
     return kept
 
+
+# %% ../nbs/03b_engine.ipynb #st000002b
 def _setitem_vwc(y, v, *, index, survivors=None):
     "A copy of `y` with `v` written at `index` (NumPy's cast to y's dtype): g goes to v where its write survived, the rest to y."
     if type(v) is Traced and type(y) is not Traced:   # an outer level's v goes into a constant of this level:
