@@ -438,15 +438,7 @@ def test_shape_queries_on_traced_values_are_plain():
 
 # ---- x op= y changes the traced array itself, as NumPy changes the array: every name bound to it sees it ----
 
-# A Jacobian of a vector-valued f, column by column: fastad.testing.numerical_gradient takes scalar functions only.
-def _numerical(f, x, eps=1e-6):
-    "Central differences of f at vector x (f gets a fresh copy each time): f's shape, then x's."
-    columns = []
-    for i in range(len(x)):
-        up, down = x.copy(), x.copy()
-        up[i] += eps; down[i] -= eps
-        columns.append((np.asarray(f(up)) - np.asarray(f(down))) / (2 * eps))
-    return np.stack(columns, axis=-1)
+from engine_helpers import numerical_jacobian as _numerical
 
 def _as_numpy(f, x): return fd.value_with_gradient(f, x), (f(x.copy()), _numerical(f, x))
 

@@ -4,34 +4,11 @@ import gc, linecache, sys
 import numpy as np, pytest
 import fastad as fd
 from fastad import engine, transforms
-import contextlib, weakref
+import weakref
 from fastad import backend
 from fastad.primitives import REGISTRY
 
-# helpers, as in test_memory.py: what the engine holds between transforms
-def active_log():
-    "The primitive log in force here and now, however the engine stores it (a module global or a context variable)."
-    log = getattr(engine, '_log', None)
-    return log.get(None) if hasattr(log, 'get') and not hasattr(log, 'record') else log
-
-def live_traces():
-    gc.collect()
-    return [o for o in gc.get_objects() if type(o) is engine.Recording]
-
-def engine_state():
-    "What a transform may change only while it runs: the log, the backend, the registries and the adapters."
-    rows = {f: (row.primitive, row.adapt, row.rule, row.custom) for f, row in REGISTRY.items()}
-    return (active_log(), backend.get_backend(), rows,
-            sum(t.active for t in live_traces()))
-
-@contextlib.contextmanager
-def collector_off():
-    "Reference counting only, inside the block."
-    was = gc.isenabled()
-    gc.disable()
-    try: yield
-    finally:
-        if was: gc.enable()
+from engine_helpers import active_log, live_traces, engine_state, collector_off
 
 def saved_by_the_tape(kept, x):
     "exp(x), with a weak reference to the array exp's pullback saves (its result) put in `kept`."

@@ -1,0 +1,39 @@
+"""Helpers several test files share: what the engine holds between transforms, and a numerical Jacobian."""
+import contextlib, gc
+import numpy as np
+from fastad import engine, backend
+from fastad.primitives import REGISTRY
+
+def active_log():
+    "The primitive log in force here and now, however the engine stores it (a module global or a context variable)."
+    log = getattr(engine, '_log', None)
+    return log.get(None) if hasattr(log, 'get') and not hasattr(log, 'record') else log
+
+def live_traces():
+    gc.collect()
+    return [o for o in gc.get_objects() if type(o) is engine.Recording]
+
+def engine_state():
+    "What a transform may change only while it runs: the log, the backend, the registries and the adapters."
+    rows = {f: (row.primitive, row.adapt, row.rule, row.custom) for f, row in REGISTRY.items()}
+    return (active_log(), backend.get_backend(), rows,
+            sum(t.active for t in live_traces()))
+
+@contextlib.contextmanager
+def collector_off():
+    "Reference counting only, inside the block."
+    was = gc.isenabled()
+    gc.disable()
+    try: yield
+    finally:
+        if was: gc.enable()
+
+# fastad.testing.numerical_gradient takes scalar functions only; these tests need Jacobians of vector-valued ones.
+def numerical_jacobian(f, x, eps=1e-6):
+    "Central differences of f at vector x, column by column (f gets a fresh copy each time): f's shape, then x's."
+    columns = []
+    for i in range(len(x)):
+        up, down = x.copy(), x.copy()
+        up[i] += eps; down[i] -= eps
+        columns.append((np.asarray(f(up)) - np.asarray(f(down))) / (2 * eps))
+    return np.stack(columns, axis=-1)
