@@ -1,5 +1,5 @@
 """Helpers several test files share: what the engine holds between transforms, and a numerical Jacobian."""
-import contextlib, gc
+import contextlib, gc, weakref
 import numpy as np
 from fastad import engine, backend
 from fastad.primitives import REGISTRY
@@ -27,6 +27,14 @@ def collector_off():
     try: yield
     finally:
         if was: gc.enable()
+
+def saved_by_the_tape(kept, x):
+    "exp(x), with a weak reference to the array exp's pullback saves (its result) put in `kept`."
+    h = np.exp(x)
+    value = h
+    while engine.is_traced(value): value = value.value
+    kept.append(weakref.ref(value))
+    return h
 
 # fastad.testing.numerical_gradient takes scalar functions only; these tests need Jacobians of vector-valued ones.
 def numerical_jacobian(f, x, eps=1e-6):

@@ -11,7 +11,7 @@ import numpy as np, pytest
 import fastad as fd
 from fastad import engine, backend
 
-from engine_helpers import active_log, live_traces, engine_state, collector_off
+from engine_helpers import active_log, live_traces, engine_state, collector_off, saved_by_the_tape
 
 # --- 10,000 training steps: memory stays flat -------------------------------------------------------------------
 @pytest.mark.slow   # 10,000 steps; test_a_finished_gradient_keeps_nothing checks one
@@ -40,13 +40,6 @@ def test_ten_thousand_training_steps_keep_memory_flat():
     assert at_10000 - at_1000 < 64 * 1024, (at_1000, at_10000)
 
 # --- a dropped pullback frees its tape -----------------------------------------------------------------------------
-def saved_by_the_tape(kept, x):
-    "exp(x), with a weak reference to the array exp's pullback saves (its result) put in `kept`."
-    h = np.exp(x)
-    value = h
-    while engine.is_traced(value): value = value.value
-    kept.append(weakref.ref(value))
-    return h
 
 def mlp_loss(kept):
     def f(x): return (saved_by_the_tape(kept, np.tanh(x) @ np.ones((10, 10))) * x).sum()
