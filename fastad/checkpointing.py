@@ -138,28 +138,46 @@ def _table_sums(flat, dtype):
     cols[:rest.size] += rest.astype(dtype)
     return (table.sum(axis=1, dtype=dtype), rest.sum(dtype=dtype), cols), (width, max(rest.size, 1), len(table) + (rest.size > 0))
 
+_EPS64 = float(np.finfo(np.float64).eps)
+
 def _tolerance(eps, count, magnitude):
-    "How far a sum of `count` numbers computed again may move by rounding, for sums of magnitudes `magnitude`."
-    return 64 * eps * (1 + math.log2(count)) * magnitude
+    """How far a float64 sum of `count` numbers of precision `eps`, of magnitudes `magnitude`, may move when they are
+    computed again: 16 ulps of each number (rules that round otherwise), plus the float64 summation's own error."""
+    return (16 * eps + _EPS64 * count) * magnitude
+
+def _special_counts(flat):
+    "Per row and column (`_table_sums`), how many of `flat`'s entries (or parts, for complex) are NaN, +inf and -inf."
+    parts = (flat.real, flat.imag) if flat.dtype.kind == 'c' else (flat,)
+    return tuple(_table_sums(m, np.int64)[0] for p in parts for m in (p != p, p == np.inf, p == -np.inf))
+
+def _float_fingerprint(leaf):
+    "`_fingerprint` of a float or complex array: sums in float64 (complex128) over its finite entries, tolerances, special counts."
+    xp, flat, eps = backend.array_module(leaf), leaf.reshape(-1), float(np.finfo(leaf.dtype).eps)
+    acc = np.complex128 if leaf.dtype.kind == 'c' else np.float64
+    sums, counts = _table_sums(flat, acc)                 # (reshape copies only if `leaf` is not contiguous)
+    mags, _ = _table_sums(abs(flat), np.float64)
+    size, specials = mags[0].sum() + mags[1], None
+    if not bool(xp.isfinite(size)):                       # rare: a NaN or an inf (or sums past float64's range)
+        specials, finite = _special_counts(flat), xp.where(xp.isfinite(flat), flat, 0)
+        sums, _ = _table_sums(finite, acc)
+        mags, _ = _table_sums(abs(finite), np.float64)
+        size = mags[0].sum() + mags[1]
+    tols = tuple(_tolerance(eps, c, m + c / leaf.size * size) for c, m in zip(counts, mags))   # + its share of the whole's
+    return (leaf.shape, leaf.dtype, sums[0].sum() + sums[1], _tolerance(eps, leaf.size, size), sums, tols, specials)
 
 def _fingerprint(value):
     """For each array of `value`: its shape, dtype, sum and its tolerance, its rows' and columns' sums (`_table_sums`)
-    and theirs, left on the device, to check its recomputation by without keeping it: by the time the backward pass
-    recomputes a segment, the next one, which kept its output, may have been freed."""
+    and theirs, and its NaN and inf counts (None if it has none), left on the device, to check its recomputation by
+    without keeping it: by the time the backward pass recomputes a segment, the next one, which kept its output, may
+    have been freed."""
     out = []
     for leaf in map(_innermost, _leaves(value)):
         if getattr(leaf, 'dtype', None) is None or not getattr(leaf, 'size', 0): out.append(None)   # numbers: not checked
-        elif leaf.dtype.kind in 'fc':                     # floats: their values, up to rounding
-            flat, acc, eps = leaf.reshape(-1), np.promote_types(leaf.dtype, np.float32), np.finfo(leaf.dtype).eps
-            sums, counts = _table_sums(flat, acc)         # (reshape copies only if `leaf` is not contiguous)
-            mags, _ = _table_sums(abs(flat), np.finfo(acc).dtype)
-            size = mags[0].sum() + mags[1]                # each sum's scale: its magnitudes, and its share of the whole's
-            tols = tuple(_tolerance(eps, c, m + c / leaf.size * size) for c, m in zip(counts, mags))
-            out.append((leaf.shape, leaf.dtype, sums[0].sum() + sums[1], _tolerance(eps, leaf.size, size), sums, tols))
+        elif leaf.dtype.kind in 'fc': out.append(_float_fingerprint(leaf))   # floats: their values, up to rounding
         else:                                             # integers, bools ...: their bits, exactly (modulo 2**64)
             flat = leaf.reshape(-1)
             word = next(w for w in (8, 4, 2, 1) if flat.nbytes % w == 0)
-            out.append((leaf.shape, leaf.dtype, leaf.sum(), 0, _table_sums(flat.view(f'u{word}'), np.uint64)[0], (0, 0, 0)))
+            out.append((leaf.shape, leaf.dtype, leaf.sum(), 0, _table_sums(flat.view(f'u{word}'), np.uint64)[0], (0, 0, 0), None))
     return out
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #cB05b09
@@ -167,13 +185,19 @@ def _beyond(before, after, tolerance):
     "Do the sums `after` differ from `before` by more than `tolerance`, or in which of them are NaN?"
     return bool(((abs(after - before) > tolerance) | ((after != after) != (before != before))).any())
 
+def _specials_differ(before, after):
+    "Do two fingerprints' NaN and inf counts (None: there are none) differ anywhere?"
+    if before is None or after is None: return before is not after
+    return any(bool((a != b).any()) for x, y in zip(before, after) for a, b in zip(x, y))
+
 def _check_replayed(name, fingerprint, again):
     "Raise if the recomputed value `again` differs from the forward pass's, as far as their fingerprints tell."
     for before, after in zip(fingerprint, _fingerprint(again)):
         if before is None or after is None: continue
         if before[:2] != after[:2]: what = "its shape or dtype differs"
+        elif _specials_differ(before[6], after[6]): what = "its NaN or infinite entries moved or changed"
         elif not any(map(_beyond, before[4], after[4], before[5])): continue
-        elif _beyond(before[2], after[2], before[3]): what = f"its sum differs by {abs(float(after[2] - before[2])):.3g}"
+        elif _beyond(before[2], after[2], before[3]): what = f"its sum differs by {float(abs(after[2] - before[2])):.3g}"
         else: what = "the same sum, its values moved or changed"
         raise DifferentiationError(
             f"{name}: recomputed in the backward pass, it gave a different value from the forward pass ({what}), so "

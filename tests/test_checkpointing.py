@@ -696,3 +696,43 @@ def test_the_measured_peak_is_the_same_whether_the_last_segment_is_recomputed_or
     activation = 512 * 128 * 4
     recomputed_last, stored_last = peak(even_segments(8, 2)), peak([(0, 4, True), (4, 8, False)])
     assert abs(recomputed_last - stored_last) < activation, (recomputed_last, stored_last)
+
+
+def _second_run_gives(first, second):
+    "A body that returns `x * 1.0` and `first`, then `second` when it runs again (its recomputation)."
+    runs = []
+    def body(x):
+        runs.append(1)
+        return x * 1.0, (first if len(runs) == 1 else second)
+    return lambda x: fd.with_recomputation_in_pullbacks(x, body)[0].sum()
+
+F16 = np.array([1, 1.1, 1.2, 1.3], dtype=np.float16)
+NOISE16 = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float16)
+
+@pytest.mark.parametrize('first, second, message', [
+    (NOISE16, np.random.default_rng(1).standard_normal((64, 64)).astype(np.float16), 'different value'),   # another draw
+    (F16, F16 * np.float16(1.05), 'its sum differs'),
+    (F16, F16[[0, 2, 1, 3]], 'the same sum, its values moved'),
+    (F16, F16[[1, 0, 2, 3]], 'the same sum, its values moved'),
+    (F16, F16[[3, 1, 2, 0]], 'the same sum, its values moved'),
+    (np.array([1, np.nan, 3]), np.array([1, np.nan, 4]), 'its sum differs by 1'),
+    (np.array([1, np.inf, 3]), np.array([6, np.inf, 3]), 'its sum differs by 5'),
+    (np.array([1, np.nan, 3]), np.array([np.nan, 1, 3]), 'its NaN or infinite entries moved'),
+    (np.array([1, np.inf, 3]), np.array([1, -np.inf, 3]), 'its NaN or infinite entries moved'),
+    (np.array([1, np.inf, 3], dtype=np.float32), np.array([1, np.nan, 3], dtype=np.float32), 'its NaN or infinite entries moved')])
+def test_a_float16_or_non_finite_recomputation_that_differs_is_refused(first, second, message):
+    # before: each passed unnoticed (float16's tolerance was 6-40% of the magnitudes; a NaN or inf made every one NaN/inf)
+    with pytest.raises(DifferentiationError, match=message): fd.gradient(_second_run_gives(first, second), np.ones(2))
+
+
+@pytest.mark.parametrize('value', [F16, NOISE16, np.array([1, np.nan, 3]), np.array([[1, np.inf], [-np.inf, 2]], dtype=np.float32)])
+def test_a_float16_or_non_finite_recomputation_that_repeats_is_accepted(value):
+    np.testing.assert_array_equal(fd.gradient(_second_run_gives(value, value.copy()), np.ones(2)), np.ones(2))
+
+
+def test_complex_values_are_checked_part_by_part():
+    from fastad.checkpointing import _check_replayed, _fingerprint
+    z = np.array([1 + 2j, np.nan + 1j, 3 - np.inf * 1j])
+    _check_replayed('block', _fingerprint(z), z.copy())
+    for other, message in ((z.conj(), 'its NaN or infinite entries moved'), (z + 0.5j, 'its sum differs')):
+        with pytest.raises(DifferentiationError, match=message): _check_replayed('block', _fingerprint(z), other)
