@@ -468,9 +468,19 @@ def _assign(x, v, index):
     y = x * 1.0
     y[index] = v                                  # recorded: y changes, x keeps its value
     return y * x
-spec("x[index] = v", ["Traced.__setitem__"], _assign,
-     lambda data: (lambda xs, kw: ([xs[0], values(data, np.shape(xs[0][kw['index']]))], kw))(*index_draw(data)),
-     note="the same keys as x[index]; repeated indices keep NumPy's surviving write")
+def _writes_once(x, index):
+    "Whether `x[index] = v` writes each place of x once."
+    places = np.arange(np.size(x)).reshape(np.shape(x))[index]
+    return len(np.unique(places)) == np.size(places)
+
+def _assign_draw(data):
+    xs, kw = index_draw(data)
+    # a device backend refuses a key that writes one place twice (CuPy keeps any one of the writes): NumPy only
+    assume(get_backend() == 'numpy' or _writes_once(xs[0], kw['index']))
+    return [xs[0], values(data, np.shape(xs[0][kw['index']]))], kw
+
+spec("x[index] = v", ["Traced.__setitem__"], _assign, _assign_draw,
+     note="the same keys as x[index]; repeated indices keep NumPy's surviving write (on NumPy; a device refuses them)")
 
 def joined(stack):
     def draw(data):
