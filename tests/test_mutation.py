@@ -6,6 +6,7 @@ import numpy as np, pytest
 import fastad as fd
 from fastad.testing import numerical_gradient
 from fastad.errors import DifferentiationError
+from fastad.backend import to_device, to_host
 from hypothesis import given, settings, strategies as st, HealthCheck
 from engine_helpers import numerical_jacobian
 
@@ -29,6 +30,13 @@ def view_mul(x):
     y = x * 1.0
     z = y[:1]
     z *= 3
+    return y
+
+def view_set(x):
+    "z = y[:2]; z[0] = v: an item written through a view (NumPy changes y)."
+    y = x * 1.0
+    z = y[:2]
+    z[0] = x[1] * 3
     return y
 
 def set_item(x):
@@ -163,6 +171,21 @@ def test_a_write_after_reading_a_slice_of_the_same_array_is_right_or_refused():
         return
     close(value, numpy_value(shift, x), 0)
     close(np.stack([d(e) for e in np.eye(4)], axis=1), numerical_jacobian(lambda x: numpy_value(shift, x), x))
+
+ON_DEVICE = [alias_add, argument_add, set_item, set_slice, set_mask, recurrence, saved_then_written, view_mul,
+             view_set]                                                   # no host constants
+
+@pytest.mark.parametrize('form', ON_DEVICE, ids=lambda f: f.__name__)
+def test_on_a_device_backend_every_write_is_right_or_refused(strict_backend, form):
+    "On the strict backend (arrays that are not NumPy's, as CuPy's): NumPy's value and gradient, or a refusal."
+    x = np.array([1.0, 2.0, 0.5, -1.0])
+    loss = lambda x, w: (form(x) * w).sum()
+    try: value, g = fd.value_with_gradient(loss, to_device(x), to_device(WEIGHTS), argnums=0)
+    except DifferentiationError as e:
+        assert 'shares memory' in str(e), str(e)
+        return
+    close(to_host(value), loss(x.copy(), WEIGHTS), 1e-12)
+    close(to_host(g), numerical_gradient(lambda x: loss(x.copy(), WEIGHTS), x))
 
 def test_repeated_indices_keep_numpys_value_not_a_sum():
     x = np.array([1.0, 2.0, 3.0, 4.0])
