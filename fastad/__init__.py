@@ -6,7 +6,8 @@ __version__ = "0.0.1"
 from .errors import *
 from .backend import set_backend, use_backend, get_backend, use_gpu, gpu_available, to_host, to_device
 from .primitives import relu, logsumexp, log_softmax
-from .engine import trace, trace_primitives
+from .logs_and_collector import trace, trace_primitives
+from . import traced_array, in_place     # Traced's operators, methods and NumPy's protocols; x op= y and x[key] = v
 from . import dispatch                    # declares the NumPy adapters in the registry's rows
 from . import linalg                      # and those of numpy.linalg
 from .dispatch import put_along_axis, supported_functions

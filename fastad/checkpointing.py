@@ -10,7 +10,7 @@ __all__ = ['random_state', 'replaying', 'make_recomputed_in_gradient', 'with_rec
 # %% ../nbs/07d_checkpointing_machinery.ipynb #868fa80f
 import ctypes, math, random, threading
 import numpy as np
-from . import backend, engine, transforms
+from . import backend, engine, transforms, logs_and_collector as logs
 from .errors import ArgumentError, DifferentiationError
 from .primitives import Primitive
 from .transforms import (value_with_pullback, differentiable_function, _door, _one_or_all,
@@ -218,8 +218,7 @@ def _recomputed_vjp(f, name, generators):
         drawn = [s for s in snapshot if s.moved()]       # only the generators f drew from are kept, to replay
         like, fingerprint = _door(value), _fingerprint(value)
         def leaf_cotangents(g):
-            log = engine._log.get()                        # the trace_primitives log open here, if any
-            if log is not None: log.record('forward', name)   # the recomputation is a second forward run of f
+            if logs.opened: logs.record('forward', name)   # the recomputation is a second forward run of f
             with replaying(drawn), rules_restored(rules, first=_REPLAYS): again, cts = _recomputed(f, args, kwargs, like(g) if like else g)
             _check_replayed(name, fingerprint, again)
             return cts
@@ -232,7 +231,7 @@ def _recomputed_rules(recomputed_vjp):
     # One pullback for all the inputs (the rule form of every primitive), run once per backward pass.
     # The recomputation reads the arguments again, constants too (`mul(x, c)`), so the engine must lock them until
     # the backward pass. `keeps=` cannot say "every argument" of a VWC that takes `*args`, so these rules declare
-    # nothing, and the engine looks into their chains' closures (`engine._keeps`): `kept` there says so. (It cannot
+    # nothing, and the engine looks into their chains' closures (`locks.keeps`): `kept` there says so. (It cannot
     # see into `structured_vwc`'s keyword arguments, which reach it inside a dict: those are not locked.)
     def structured_vwc(*leaves, rebuild, kwargs):
         value, leaf_cotangents = recomputed_vjp(*rebuild(leaves), **kwargs)

@@ -9,7 +9,7 @@ import fastad as fd
 from fastad.errors import DifferentiationError
 import gc, operator, threading
 from fastad.testing import numerical_gradient
-from fastad import cnn, engine, primitives as P
+from fastad import cnn, engine, locks, primitives as P
 
 def test_a_write_into_an_argument_before_any_chain_reads_it_is_refused():
     x = np.array([1., 2., 3.])
@@ -541,7 +541,7 @@ def test_a_declaration_names_every_array_its_chains_keep(prim, args, kwargs):
     given = dict(zip(names, args)) | kwargs
     for i, chain in enumerate(chains):
         if chain is None: continue
-        kept = {n for n, a in given.items() if type(a) is np.ndarray and engine._keeps(chain, a)}
+        kept = {n for n, a in given.items() if type(a) is np.ndarray and locks.keeps(chain, a)}
         declared = {n for j, _, n in prim.kept if j == i}
         assert kept <= declared, f"{prim.name}: input {names[i]}'s chain keeps {sorted(kept)}, it declares {sorted(declared)}"
 
@@ -618,12 +618,12 @@ def test_steps_leave_no_lock_behind():
     loss = lambda m: fd.softmax_cross_entropy(fd.sequenced(x, through=m), LABELS[:2])
     for _ in range(3): fd.value_with_gradient(loss, model)
     gc.collect()
-    assert engine._locked == {}
+    assert locks._locked == {}
     assert all(a.flags.writeable for a in (x, model[0].filter, model[0].bias, model[3].weight, model[3].bias))
     value, pb = fd.value_with_pullback(loss, model)
     assert not x.flags.writeable and not model[3].weight.flags.writeable
     del pb; gc.collect()
-    assert engine._locked == {} and x.flags.writeable
+    assert locks._locked == {} and x.flags.writeable
 
 
 # ---- a chain that reads nothing is made once -----------------------------------------------------------------------

@@ -125,12 +125,30 @@ def test_applied_for_backpropagation_is_a_transform():
 
 
 def test_the_layering_holds():
-    "backend -> primitives -> engine -> transforms -> layers: no module imports one above it."
-    order = ['errors', 'backend', 'primitives', 'engine', 'transforms', 'layers']
+    "backend -> primitives -> locks, the log -> engine -> Traced's methods -> writes -> transforms -> layers: none imports one above it."
+    order = ['errors', 'backend', 'primitives', 'locks', 'logs_and_collector', 'engine', 'traced_array', 'in_place',
+             'transforms', 'layers']
     for i, low in enumerate(order):
         src = sources()[low]
         for high in order[i + 1:]:
             assert not re.search(rf'^\s*from \.{high} import|^\s*from \. import .*\b{high}\b', src, re.M), (low, high)
+
+
+def test_the_engine_core_is_one_short_module_and_the_dispatch_is_one_hop_away():
+    from fastad import dispatch, traced_array
+    assert len(sources()['engine'].splitlines()) <= 400
+    for protocol in ('__array_ufunc__', '__array_function__'):
+        assert getattr(engine.Traced, protocol).__module__ == 'fastad.traced_array'
+    assert 'fastad.traced_array' in dispatch.__doc__ and 'fastad.traced_array' in engine.Traced.__doc__
+    assert np.ufunc not in fd.primitives.REGISTRY                    # a ufunc's keywords: beside __array_ufunc__
+    assert dispatch.ufunc_keywords is traced_array.ufunc_keywords
+
+
+def test_each_idea_of_the_engine_has_one_name():
+    assert defined_in(r'^def _in_place\(') == []
+    assert defined_in(r'^def in_place_operator\(') == ['in_place'] and defined_in(r'^def _refused_in_place\(') == ['traced_array']
+    for module in ('engine', 'traced_array', 'in_place', 'locks', 'logs_and_collector'):
+        assert 'trace = Recording()' not in sources()[module]
 
 
 def test_the_budget_planner_is_a_module_of_its_own():
