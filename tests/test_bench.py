@@ -103,6 +103,15 @@ def test_a_restarted_process_makes_its_first_calls_before_it_is_timed(monkeypatc
     fresh = run.restart_workers('cnn', dict.fromkeys(entries), {}, {}, entries, str(tmp_path))
     assert sorted(fresh) == ['fastad', 'jax'] and asked == [('fastad', 'check'), ('jax', 'check')]
 
+def test_in_place_compares_each_workload_in_a_process_of_its_own():
+    "bench.in_place: in-place against out-of-place code, checked equal first, a ratio per workload; no timing judged."
+    out = subprocess.run([sys.executable, '-m', 'bench.in_place', '--quick', '--rounds', '2'],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [l for l in out.stdout.splitlines() if 'in-place / out-of-place = ' in l]
+    assert len(lines) == 4 and 'one process per workload' in out.stdout, out.stdout
+    assert any(l.startswith('MLP training step') for l in lines) and any(l.startswith('layer norm') for l in lines)
+
 def test_floors_split_a_step_into_fixed_pieces_and_what_is_left(capsys):
     "bench.floors: each piece of a step timed alone, their sum, and the rest of the step; no timing is judged."
     from bench.floors import report, scalar_floors, cnn_floors
