@@ -1,0 +1,192 @@
+"fd.jit: programs equal to eager fastad, the refusals, the program's text, the replay's schedule."
+import numpy as np
+import pytest
+import fastad as fd
+from fastad.jit import JitError, jit
+
+
+def _mlp(dtype, seed=1):
+    r = np.random.default_rng(seed)
+    return fd.Sequential([fd.Dense(weight=r.normal(size=(4, 8)).astype(dtype), bias=np.zeros(8, dtype), activation=fd.relu),
+                          fd.Dense(weight=r.normal(size=(8, 1)).astype(dtype), bias=np.zeros(1, dtype))])
+
+def _cnn(dtype=np.float32, seed=3):
+    r = np.random.default_rng(seed)
+    wc = (r.standard_normal((5, 5, 3, 6)) * 0.2).astype(dtype)
+    wd = (r.standard_normal((216, 10)) * 0.07).astype(dtype)
+    return fd.Sequential([fd.Conv2D(filter=wc, bias=np.zeros(6, dtype), activation=None),
+                          fd.MaxPool2D(pool_size=(2, 2), strides=(2, 2)), fd.Flatten(),
+                          fd.Dense(weight=wd, bias=np.zeros(10, dtype), activation=None)])
+
+def _step(loss):
+    def step(model, opt, x, y):
+        value, grad = fd.value_with_gradient(loss, model, x, y, argnums=0)
+        opt.update(model, along=grad)
+        return value
+    return step
+
+def _close(a, b, tol):
+    "Relative to the array's size (a float32 sum in another order moves single entries by an ulp of the largest)."
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) <= tol * max(np.linalg.norm(a), 1e-300)
+
+def _state(opt):
+    return [v for k, v in sorted(vars(opt).items()) if k in ('velocity', 'm', 'v')]
+
+OPTIMIZERS = {'sgd-momentum': lambda m: fd.SGD(m, 0.1, momentum=0.9), 'adam': lambda m: fd.Adam(m, 0.01)}
+
+@pytest.mark.parametrize('dtype,tol', [(np.float64, 1e-12), (np.float32, 1e-6)])
+@pytest.mark.parametrize('optimizer', sorted(OPTIMIZERS))
+def test_mlp_training_step_equals_eager(optimizer, dtype, tol):
+    step = _step(lambda model, x, y: fd.mse(model(x), y))
+    rng = np.random.default_rng(0)
+    eager, traced = _mlp(dtype), _mlp(dtype)
+    eager_opt, traced_opt = OPTIMIZERS[optimizer](eager), OPTIMIZERS[optimizer](traced)
+    fast = jit(step)
+    for i in range(8):
+        x, y = rng.normal(size=(16, 4)).astype(dtype), rng.normal(size=(16, 1)).astype(dtype)
+        a, b = step(eager, eager_opt, x, y), fast(traced, traced_opt, x, y)
+        assert type(a) is type(b) and _close(a, b, tol)
+        for p, q in zip(fd.tree.flatten(eager)[0] + fd.tree.flatten(_state(eager_opt))[0],
+                        fd.tree.flatten(traced)[0] + fd.tree.flatten(_state(traced_opt))[0]):
+            assert p.dtype == q.dtype and _close(p, q, tol), (i, np.abs(p - q).max())
+        assert getattr(eager_opt, 'steps', 0) == getattr(traced_opt, 'steps', 0)
+        assert type(getattr(traced_opt, 'steps', 0)) is int
+    assert fast.traces == 3 and len(fast.programs) == 1      # step 1 (no state yet), then two traces that agree
+
+def test_cnn_training_step_equals_eager():
+    step = _step(lambda model, x, labels: fd.softmax_cross_entropy(model(x), labels))
+    rng = np.random.default_rng(0)
+    eager, traced = _cnn(), _cnn()
+    eager_opt, traced_opt = fd.Adam(eager, 1e-2), fd.Adam(traced, 1e-2)
+    fast = jit(step)
+    for i in range(5):
+        x, labels = rng.normal(size=(10, 16, 16, 3)).astype(np.float32), rng.integers(0, 10, 10)
+        assert _close(step(eager, eager_opt, x, labels), fast(traced, traced_opt, x, labels), 1e-6)
+        for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): assert _close(p, q, 1e-6)
+    assert len(fast.programs) == 1
+
+def test_a_replay_checks_fastads_own_decisions():
+    "The label check ran at trace time; a replay with a label out of range is refused, not indexed from the end."
+    step = _step(lambda model, x, labels: fd.softmax_cross_entropy(model(x), labels))
+    model = _cnn(); opt = fd.SGD(model, 0.01)
+    fast, x = jit(step), np.ones((10, 16, 16, 3), np.float32)
+    for _ in range(3): fast(model, opt, x, np.arange(10))
+    assert 'check bool(' in str(fast.program(model, opt, x, np.arange(10)))
+    with pytest.raises(JitError, match="decides otherwise"): fast(model, opt, x, np.arange(10) - 1)
+
+def branchy(x):
+    if x.sum() > 0: return x
+    return -x
+
+@pytest.mark.parametrize('f,words', [(branchy, ['if x.sum() > 0', 'np.where']),
+                                     (lambda x: float(x.sum()) * x, ['float()', 'Keep it an array']),
+                                     (lambda x: x.sum().item() * x, ['item()']),
+                                     (lambda x: x[int(x[0])], ['int()']),
+                                     (lambda x: x * 2 if np.allclose(x, 1) else x, ['a Python bool'])])
+def test_python_decisions_on_traced_values_are_refused(f, words):
+    with pytest.raises(JitError) as e: jit(f)(np.ones(3))
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert 'static_argnums' in str(e.value) or 'a Python bool' in str(e.value)
+
+def test_a_decision_inside_a_gradient_is_refused_too():
+    def f(x):
+        def loss(x): return (x * x).sum() if (x > 0).all() else x.sum()
+        return fd.gradient(loss, x)
+    with pytest.raises(JitError, match="line .* of test_jit.py"): jit(f)(np.ones(3))
+
+def test_masks_are_traced_not_frozen():
+    leaky = jit(lambda x: np.where(x > 0, x, 0.1 * x))
+    for x in (np.array([1., -2]), np.array([-1., 2]), np.array([3., 4]), np.array([-1., -1])):
+        np.testing.assert_array_equal(leaky(x), np.where(x > 0, x, 0.1 * x))
+
+def test_an_undeclared_random_draw_is_refused():
+    rng = np.random.default_rng(0)
+    noisy = jit(lambda x: x + rng.normal(size=x.shape))
+    noisy(np.zeros(3))
+    with pytest.raises(JitError, match="random draw"): noisy(np.zeros(3))
+
+def test_an_optimizer_held_by_the_closure_is_refused():
+    model = _mlp(np.float64); opt = fd.Adam(model, 0.01)
+    loss = lambda model, x, y: fd.mse(model(x), y)
+    def step(model, x, y):
+        value, grad = fd.value_with_gradient(loss, model, x, y, argnums=0)
+        opt.update(model, along=grad)
+        return value
+    fast, x, y = jit(step), np.ones((2, 4)), np.ones((2, 1))
+    with pytest.raises(JitError, match="optimizer"):
+        for _ in range(4): fast(model, x, y)
+
+def test_printouts_happen_while_tracing_only(capsys):
+    def f(x):
+        print("tracing")
+        return x * 2
+    fast = jit(f)
+    for _ in range(5): fast(np.ones(2))
+    assert capsys.readouterr().out == "tracing\n" * 2
+
+def test_a_new_signature_traces_again():
+    fast = jit(lambda x, k: x * k, static_argnums=1)
+    for _ in range(3): np.testing.assert_array_equal(fast(np.ones(2), 3), [3, 3])
+    assert fast.traces == 2
+    fast(np.ones(3), 3); fast(np.ones(2, np.float32), 3); fast(np.ones(2), 4)
+    assert fast.traces == 5
+    np.testing.assert_array_equal(fast(np.ones((4, 2))[:, 0], 3), [3, 3, 3, 3])   # other strides: another signature
+
+def test_writing_into_an_array_made_before_the_call_is_refused():
+    buffer = np.zeros(3)
+    def f(x): np.copyto(buffer, x); return buffer
+    with pytest.raises(JitError, match="made before the call"): jit(f)(np.ones(3))
+    def g(x): buffer[:] = x; return buffer
+    with pytest.raises(JitError, match="plain NumPy array"): jit(g)(np.ones(3))
+    np.testing.assert_array_equal(buffer, 0)
+
+def test_arrays_made_inside_are_traced():
+    def scatter(x):
+        out = np.zeros(5)
+        out[1:4] = x
+        return out
+    fast = jit(scatter)
+    for v in (1., 2., 3.): np.testing.assert_array_equal(fast(np.full(3, v)), [0, v, v, v, 0])
+
+def test_a_stored_traced_value_is_refused():
+    kept = []
+    def f(x): kept.append(x * 2); return x
+    jit(f)(np.ones(2))
+    with pytest.raises(JitError, match="after its trace finished"): kept[0] + 1
+
+def test_the_program_text():
+    fast = jit(_step(lambda model, x, y: fd.mse(model(x), y)))
+    model = _mlp(np.float32); opt = fd.SGD(model, 0.1)
+    text = str(fast.program(model, opt, np.ones((16, 4), np.float32), np.ones((16, 1), np.float32)))
+    lines = text.splitlines()
+    assert lines[0].startswith("inputs: s0:float32[4,8], s1:float32[8]") and lines[-1].startswith("outputs: ")
+    assert any(l.strip().startswith("s") and "float32[16,8] = matmul(" in l for l in lines)      # the forward
+    assert any("float32[4,8] = matmul(" in l for l in lines)                                     # the weight's gradient
+    assert fast.traces == 1 and np.all(model.layers[0].bias == 0)                                # on a copy
+    assert len(fast.program(model, opt, np.ones((16, 4), np.float32), np.ones((16, 1), np.float32))) == len(lines) - 2
+
+def test_dead_code_is_dropped_and_buffers_are_reused():
+    def f(x):
+        unused = np.exp(x) @ x
+        return np.sin(x) * 2 + 1
+    fast = jit(f)
+    for _ in range(3): np.testing.assert_allclose(fast(np.arange(3.)), np.sin(np.arange(3.)) * 2 + 1)
+    program = list(fast.programs.values())[0]
+    assert [op.name for op in program.live] == ['sin', 'multiply', 'add']
+    assert program.source.count('out=') == 2
+
+def test_a_jit_inside_a_jit_is_inlined():
+    inner = jit(lambda x: x * 2)
+    outer = jit(lambda x: inner(x) + 1)
+    for _ in range(3): np.testing.assert_array_equal(outer(np.ones(2)), [3, 3])
+    assert inner.traces == 0
+
+def test_the_callers_model_comes_back_as_itself():
+    step = _step(lambda model, x, y: fd.mse(model(x), y))
+    def training(model, opt, x, y): return model, step(model, opt, x, y)
+    fast, model = jit(training), _mlp(np.float64)
+    opt = fd.SGD(model, 0.1)
+    for _ in range(4):
+        returned, _ = fast(model, opt, np.ones((2, 4)), np.ones((2, 1)))
+        assert returned is model
