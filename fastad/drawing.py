@@ -105,20 +105,20 @@ def tape_of(f, *args):
     each with its parents, its shape, and the arrays its chain saved (scalars left out). (It runs the pullback once, to learn the shapes.)"""
     name = _name(f)
     primals, rebuild = flatten(args, where='argument', arguments=True)
-    trace = Recording()
-    try: out = f(*rebuild([trace.new_input(p) for p in primals]))
-    finally: trace.active = False
-    outs = [o for o in flatten(out, where=f"the result of {name}")[0] if type(o) is Traced and o._recording is trace]
+    recording = Recording()
+    try: out = f(*rebuild([recording.new_input(p) for p in primals]))
+    finally: recording.active = False
+    outs = [o for o in flatten(out, where=f"the result of {name}")[0] if type(o) is Traced and o._recording is recording]
     seeds = {o.idx: np.ones_like(o.value) if is_array(o.value) else type(o.value)(1) for o in outs}
-    shapes = _shape_sweep(trace.tape, seeds)
+    shapes = _shape_sweep(recording.tape, seeds)
     inputs = {id(p): i for i, p in enumerate(primals)}
     labels, entries, seen, saved_bytes = iter(_input_labels(f, args)), [], set(), 0
-    for i, entry in enumerate(trace.tape):
+    for i, entry in enumerate(recording.tape):
         if entry is None:
             entries.append(TapeEntry(i, 'input', [], tuple(np.shape(primals[i])), [], next(labels)))
             continue
         if type(entry) is int:                        # another output of the entry at that place: the same op
-            op, parents = trace.tape[entry]
+            op, parents = recording.tape[entry]
             entries.append(TapeEntry(i, op, _places(parents), shapes.get(i), []))
             continue
         op, parents = entry
@@ -154,6 +154,7 @@ def _picture():
             return png.getvalue()
     return TapePicture
 
+# %% ../nbs/03e_draw.ipynb #c847f3eb
 def draw(f, *args, ax=None):
     """A picture of the computation a pullback of `f` at `args` will run: the tape drawn as a program, one box per
     value (inputs blue, the output green) with its shape and what its chain saved, and an arrow from each parent.

@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['CONTEXT_RULES', 'REGISTRY', 'scatter_add', 'relu', 'logsumexp', 'log_softmax', 'NONDIFFERENTIABLE', 'Primitive',
-           'Entry', 'entry', 'register', 'register_adapters', 'defvwc', 'unbroadcast', 'add_vwc', 'subtract_vwc',
-           'multiply_vwc', 'divide_vwc', 'power_vwc', 'remainder_vwc', 'negative_vwc', 'positive_vwc', 'as_mask',
-           'maximum_vwc', 'minimum_vwc', 'exp_vwc', 'log_vwc', 'sin_vwc', 'cos_vwc', 'tan_vwc', 'tanh_vwc', 'sqrt_vwc',
-           'square_vwc', 'abs_vwc', 'expm1_vwc', 'log1p_vwc', 'matmul_vwc', 'dot_vwc', 'einsum_vwc', 'axes_of',
-           'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc', 'var_vwc', 'std_vwc', 'reshape_vwc', 'transpose_vwc',
+           'Entry', 'entry', 'register', 'register_adapters', 'defvwc', 'groups', 'unbroadcast', 'add_vwc',
+           'subtract_vwc', 'multiply_vwc', 'divide_vwc', 'power_vwc', 'remainder_vwc', 'negative_vwc', 'positive_vwc',
+           'as_mask', 'maximum_vwc', 'minimum_vwc', 'exp_vwc', 'log_vwc', 'sin_vwc', 'cos_vwc', 'tan_vwc', 'tanh_vwc',
+           'sqrt_vwc', 'square_vwc', 'abs_vwc', 'expm1_vwc', 'log1p_vwc', 'matmul_vwc', 'dot_vwc', 'einsum_vwc',
+           'axes_of', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc', 'var_vwc', 'std_vwc', 'reshape_vwc', 'transpose_vwc',
            'swapaxes_vwc', 'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc',
            'getitem_vwc', 'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc',
            'log_softmax_vwc']
@@ -23,16 +23,17 @@ from .errors import DifferentiationError, NoDerivativeError
 # %% ../nbs/03a_primitives.ipynb #aca7407e
 class Primitive:
     """A differentiable operation: a name, its VWC, and whether it broadcasts its inputs elementwise.
+    `domain` says where a property test draws its inputs (see `defvwc`).
     `keeps` says which of the VWC's arguments each input's chain reads in the backward pass: `multiply`'s
     `dict(x='y', y='x')` (x's cotangent is g * y), `add`'s `{}`; a tuple of names means every chain may read them.
     The engine locks those that are the user's arrays when that input's chain is recorded (lesson 03b). None: not
     declared, and the engine looks into the chains' closures instead (a custom rule).
     Calling it computes the value; an argument whose type defines `__fastad_primitive__` (the engine's
     traced value) takes the call over, as `__array_function__` does for NumPy functions."""
-    def __init__(self, name, vwc, unary=False, broadcasts=False, forward=None, keeps=None):
+    def __init__(self, name, vwc, unary=False, broadcasts=False, forward=None, keeps=None, domain=None):
         self.name, self.vwc, self.unary, self.broadcasts, self.forward = name, vwc, unary, broadcasts, forward
         self.keeps, self.kept = keeps, None if keeps is None else _chain_reads(name, vwc, keeps)
-        self.__name__, self.__doc__ = name, vwc.__doc__
+        self.domain, self.__name__, self.__doc__ = domain, name, vwc.__doc__
     def __call__(self, *args, **kwargs):
         if self.unary and len(args) != 1:
             raise DifferentiationError(f"{self.name} takes one array, and the rest by keyword: {self.name}(x, axis=0), "
@@ -65,11 +66,13 @@ def _chain_reads(name, vwc, keeps):
 # %% ../nbs/03a_primitives.ipynb #rg000002
 class Entry:
     """One row of the registry: the NumPy callable `of`, its `primitive`, its signature adapter `adapt` (or None),
-    whether that adapter only `refused` with an explanation, and the `custom` rule of `fastad.derivative`, if any.
+    whether that adapter only `refused` with an explanation, the `custom` rule of `fastad.derivative`, if any, and the
+    `group` it is listed under (`groups`).
     `rule` is the one in force: the custom rule, else the primitive."""
-    __slots__ = ('of', 'primitive', 'adapt', 'refused', 'custom', 'rule')
+    __slots__ = ('of', 'primitive', 'adapt', 'refused', 'custom', 'rule', 'group')
     def __init__(self, of):
         self.of, self.primitive, self.adapt, self.refused, self.custom, self.rule = of, None, None, False, None, None
+        self.group = None
     def set_custom(self, rule):
         "Put a custom `rule` in force (None: the primitive, through its adapter, again)."
         self.rule = self.primitive if rule is None else rule       # `rule` first: a reader sees old or new, never none
@@ -128,28 +131,39 @@ def entry(of):
     if e is None: e = REGISTRY[of] = Entry(of)
     return e
 
-def register(*fns, primitive=None, adapt=None, refused=False):
-    "Declare, for each NumPy callable in `fns`, the primitive that differentiates it and/or its signature adapter."
+def register(*fns, adapt=None, refused=False, group=None, primitive=None):
+    "Fill the rows of the NumPy callables `fns`: a signature adapter, the group they are listed under, a rule (`defvwc`'s)."
     for f in fns:
         if f is None: continue                        # a function this NumPy lacks (`fastad.backend.np2`): no row
         e = entry(f)
+        if group is not None: e.group = group
         if primitive is not None:
             e.primitive = primitive
             if e.custom is None: e.rule = primitive
         if adapt is not None: e.adapt, e.refused = adapt, refused
 
-def register_adapters(table, refused=False):
+def register_adapters(table, refused=False, group=None):
     "`register(f, adapt=a)` for each `f: a` of `table`: a block of adapters, written as a dict."
-    for f, a in table.items(): register(f, adapt=a, refused=refused)
+    for f, a in table.items(): register(f, adapt=a, refused=refused, group=group)
 
-def defvwc(*fns, name=None, unary=False, broadcasts=False, adapt=None, keeps=None):
-    "Decorator: make the VWC a `Primitive` (as `vwc.primitive`), registered for the NumPy callables `fns`."
+def defvwc(*fns, name=None, unary=False, broadcasts=False, adapt=None, keeps=None, group=None, domain=None):
+    """Decorator, the one rule form: make the VWC a `Primitive` (as `vwc.primitive`), registered for the NumPy
+    callables `fns` under `group`. `domain`: where its property tests draw inputs, a drawer of tests/test_properties.py
+    and its words, then why ('elementwise positive: log needs x > 0', 'reduction distinct: no ties')."""
     def decorate(vwc):
-        p = Primitive(name or vwc.__name__.removesuffix('_vwc'), vwc, unary, broadcasts, keeps=keeps)
-        register(*fns, primitive=p, adapt=adapt)
+        p = Primitive(name or vwc.__name__.removesuffix('_vwc'), vwc, unary, broadcasts, keeps=keeps, domain=domain)
+        register(*fns, primitive=p, adapt=adapt, group=group)
         vwc.primitive = p
         return vwc
     return decorate
+
+# %% ../nbs/03a_primitives.ipynb #rg000011
+def groups():
+    "The NumPy callables fastad differentiates, by the group their rows name: {group: (callable, ...)}, in registration order."
+    table = {}
+    for f, row in REGISTRY.items():
+        if row.group is not None: table.setdefault(row.group, []).append(f)
+    return {g: tuple(fs) for g, fs in table.items()}
 
 # %% ../nbs/03a_primitives.ipynb #dce2e126
 import math
@@ -181,22 +195,23 @@ def _negated(g):
     "The cotangent, negated."
     return -g
 
-@defvwc(np.add, broadcasts=True, keeps={})
+@defvwc(np.add, broadcasts=True, keeps={}, group='arithmetic', domain='elementwise real real')
 def add_vwc(x, y):
     "x + y: the cotangent passes to both unchanged."
     return x + y, (_unchanged, _unchanged)
 
-@defvwc(np.subtract, broadcasts=True, keeps={})
+@defvwc(np.subtract, broadcasts=True, keeps={}, group='arithmetic', domain='elementwise real real')
 def subtract_vwc(x, y):
     "x - y: the cotangent passes to x, negated to y."
     return x - y, (_unchanged, _negated)
 
-@defvwc(np.multiply, broadcasts=True, keeps=dict(x='y', y='x'))
+@defvwc(np.multiply, broadcasts=True, keeps=dict(x='y', y='x'), group='arithmetic', domain='elementwise real real')
 def multiply_vwc(x, y):
     "x * y: each factor's cotangent is g times the other factor."
     return x * y, (lambda g: g * y, lambda g: g * x)
 
-@defvwc(np.true_divide, broadcasts=True, keeps=dict(x='y', y='y'))     # and its result
+@defvwc(np.true_divide, broadcasts=True, keeps=dict(x='y', y='y'), group='arithmetic',
+        domain='elementwise real away0: |y| >= 0.25')     # and its result
 def divide_vwc(x, y):
     "x / y: g / y for x, -g x / y² for y."
     try: ans = x / y
@@ -206,7 +221,8 @@ def divide_vwc(x, y):
     return ans, (lambda g: g / y, lambda g: -g * ans / y)
 
 # %% ../nbs/03a_primitives.ipynb #p3a014
-@defvwc(np.power, broadcasts=True, keeps=dict(x=('x', 'y'), y='x'))
+@defvwc(np.power, broadcasts=True, keeps=dict(x=('x', 'y'), y='x'), group='arithmetic',
+        domain='elementwise positive real: a base in [0.5, 2], where log(x) is defined')
 def power_vwc(x, y):
     "x ** y: g y x^(y-1) for x, g x^y log x for y (where x > 0)."
     try: ans = x ** y
@@ -225,17 +241,18 @@ def power_vwc(x, y):
     return ans, (dx, lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
 # %% ../nbs/03a_primitives.ipynb #p3a018
-@defvwc(np.remainder, broadcasts=True)
+@defvwc(np.remainder, broadcasts=True, group='arithmetic',
+        domain='elementwise mod_num mod_den: x / y at least 0.06 from an integer')
 def remainder_vwc(x, y):
     "x mod y = x - floor(x / y) * y: slope 1 in x and -floor(x / y) in y, between the jumps."
     return np.remainder(x, y), (_unchanged, lambda g: -g * np.floor_divide(x, y))
 
-@defvwc(np.negative, unary=True, keeps={})
+@defvwc(np.negative, unary=True, keeps={}, group='arithmetic', domain='elementwise real')
 def negative_vwc(x):
     "-x: the cotangent, negated."
     return -x, _negated
 
-@defvwc(np.positive, unary=True)
+@defvwc(np.positive, unary=True, group='arithmetic', domain='elementwise real')
 def positive_vwc(x):
     "+x: the cotangent, unchanged."
     return x, _unchanged
@@ -274,78 +291,81 @@ def _shared_chains(twice, half):
     return (lambda g: np.where(twice > 0, g * twice * half, 0)), (lambda g: np.where(twice < 2, g * (2 - twice) * half, 0))
 
 # %% ../nbs/03a_primitives.ipynb #p3a026
-@defvwc(np.maximum, broadcasts=True, keeps={})      # masks only
+@defvwc(np.maximum, broadcasts=True, keeps={}, group='arithmetic',
+        domain='elementwise even odd: x and y at least 0.5 apart, no ties')      # masks only
 def maximum_vwc(x, y):
     "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
     ans = np.maximum(x, y)
     return ans, _choice_chains(x > y, x == y, ans)
 
-@defvwc(np.minimum, broadcasts=True, keeps={})
+@defvwc(np.minimum, broadcasts=True, keeps={}, group='arithmetic',
+        domain='elementwise odd even: x and y at least 0.5 apart, no ties')
 def minimum_vwc(x, y):
     "Elementwise minimum; a tie splits the cotangent ½/½ between x and y."
     ans = np.minimum(x, y)
     return ans, _choice_chains(x < y, x == y, ans)
 
 # %% ../nbs/03a_primitives.ipynb #d9c54603
-@defvwc(np.exp, unary=True)
+@defvwc(np.exp, unary=True, group='elementwise', domain='elementwise real')
 def exp_vwc(x):
     "exp(x): g times the result itself."
     ans = math.exp(x) if type(x) is float and x < 709. else np.exp(x)   # a Python number below 709: math's, no overflow
     return ans, lambda g: g * ans
 
-@defvwc(np.log, unary=True)
+@defvwc(np.log, unary=True, group='elementwise', domain='elementwise positive: x in [0.5, 2]')
 def log_vwc(x):
     "log(x): g / x."
     return (math.log(x) if type(x) is float and x > 0 else np.log(x)), lambda g: g / x
 
-@defvwc(np.sin, unary=True)
+@defvwc(np.sin, unary=True, group='elementwise', domain='elementwise real')
 def sin_vwc(x):
     "sin(x): g cos(x)."
     if type(x) is float and math.isfinite(x): return math.sin(x), lambda g: g * math.cos(x)   # a Python number: math's
     return np.sin(x), lambda g: g * np.cos(x)
 
-@defvwc(np.cos, unary=True)
+@defvwc(np.cos, unary=True, group='elementwise', domain='elementwise real')
 def cos_vwc(x):
     "cos(x): -g sin(x)."
     if type(x) is float and math.isfinite(x): return math.cos(x), lambda g: -g * math.sin(x)
     return np.cos(x), lambda g: -g * np.sin(x)
 
 # %% ../nbs/03a_primitives.ipynb #6a14b95b
-@defvwc(np.tan, unary=True)
+@defvwc(np.tan, unary=True, group='elementwise', domain='elementwise unit: x in [-1, 1], far from the poles')
 def tan_vwc(x):
     "tan(x): g (1 + tan²x), from the result."
     ans = np.tan(x)
     return ans, lambda g: g * (1 + ans * ans)
 
-@defvwc(np.tanh, unary=True)
+@defvwc(np.tanh, unary=True, group='elementwise', domain='elementwise real')
 def tanh_vwc(x):
     "tanh(x): g (1 - tanh²x), from the result."
     ans = np.tanh(x)
     return ans, lambda g: g * (1 - ans * ans)
 
-@defvwc(np.sqrt, unary=True)
+@defvwc(np.sqrt, unary=True, group='elementwise', domain='elementwise positive: x in [0.5, 2]')
 def sqrt_vwc(x):
     "sqrt(x): g / (2 sqrt(x)), from the result."
     ans = np.sqrt(x)
     return ans, lambda g: g / (2 * ans)
 
-@defvwc(np.square, unary=True)
+@defvwc(np.square, unary=True, group='elementwise', domain='elementwise real')
 def square_vwc(x):
     "x²: 2 g x."
     return x * x, lambda g: g * 2 * x
 
-@defvwc(np.absolute, unary=True)
+@defvwc(np.absolute, unary=True, group='elementwise',
+        domain='elementwise away0: |x| >= 0.25, away from the kink at 0')
 def abs_vwc(x):
     "|x|; its slope is sign(x), so 0 at 0."
     return np.abs(x), lambda g: g * np.sign(x)
 
-@defvwc(np.expm1, unary=True)
+@defvwc(np.expm1, unary=True, group='elementwise', domain='elementwise real')
 def expm1_vwc(x):
     "exp(x) - 1: g (result + 1)."
     ans = np.expm1(x)
     return ans, lambda g: g * (ans + 1)
 
-@defvwc(np.log1p, unary=True)
+@defvwc(np.log1p, unary=True, group='elementwise', domain='elementwise log1p: x in [-0.5, 2]')
 def log1p_vwc(x):
     "log(1 + x): g / (1 + x)."
     return np.log1p(x), lambda g: g / (1 + x)
@@ -360,7 +380,7 @@ def _product(a, b):
     "`a @ b` for (stacks of) matrices; with an inner dimension of 1, an outer product, by broadcasting: BLAS is slower at it."
     return a * b if np.shape(a)[-1] == 1 else np.matmul(a, b)
 
-@defvwc(np.matmul, keeps=dict(x='y', y='x'))
+@defvwc(np.matmul, keeps=dict(x='y', y='x'), group='products', domain='matmul')
 def matmul_vwc(x, y):
     "x @ y (vectors, matrices, stacks): g @ yᵀ for x, xᵀ @ g for y."
     # a list on one side (`[1., 2.] @ x`) becomes an array of the other side's kind, so that the chains can index it
@@ -377,7 +397,7 @@ def matmul_vwc(x, y):
         return unbroadcast(_product(np.swapaxes(x, -1, -2), g), sy)
     return np.matmul(x, y), (dx, dy)
 
-@defvwc(np.dot)
+@defvwc(np.dot, group='products', domain='dot')
 def dot_vwc(x, y):
     "numpy.dot: a matrix product, or a broadcasting product when an operand is a scalar."
     if np.ndim(x) > 2 or np.ndim(y) > 2:
@@ -495,7 +515,7 @@ def _einsum_as_product(subscripts, ins, out, a, b, optimize):
     return ans, (None, chain(0, B), chain(1, A))
 
 # %% ../nbs/03a_primitives.ipynb #p3a044
-@defvwc(np.einsum)
+@defvwc(np.einsum, group='products', domain='einsum')
 def einsum_vwc(subscripts, *operands, optimize=False, **unsupported):
     """numpy.einsum with string subscripts. With two operands the chains are matmul's, on the operands seen as
     (batched) matrices (and with `optimize=True` the value is that product too); with more, each operand's
@@ -551,13 +571,13 @@ def _count(shape, axis):
     return math.prod(shape) if axis is None else math.prod(shape[a] for a in axes_of(axis))
 
 # %% ../nbs/03a_primitives.ipynb #p3a051
-@defvwc(np.sum, unary=True, keeps={})
+@defvwc(np.sum, unary=True, keeps={}, group='reductions and scans', domain='reduction empty: size-0 axes too')
 def sum_vwc(x, *, axis=None, keepdims=False):
     "Sum over `axis`: the cotangent broadcast back over the summed axes."
     shape = np.shape(x)
     return np.sum(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(_expand(g, shape, axis, keepdims), shape)
 
-@defvwc(np.mean, unary=True, keeps={})
+@defvwc(np.mean, unary=True, keeps={}, group='reductions and scans', domain='reduction: no empty reductions (NaN)')
 def mean_vwc(x, *, axis=None, keepdims=False):
     "Mean over `axis`: the cotangent divided by the count, broadcast back."
     shape = np.shape(x)
@@ -605,18 +625,20 @@ def _extremum_vwc(reduce, pick, x, axis, keepdims):
     share = (hit / count).astype(np.result_type(x))                     # ties share equally
     return ans, lambda g: np.where(hit, _expand(g, shape, axis, keepdims) * share, 0)
 
-@defvwc(np.max, np.amax, unary=True)
+@defvwc(np.max, np.amax, unary=True, group='reductions and scans',
+        domain='reduction distinct: no ties; no empty reductions (NumPy refuses them)')
 def max_vwc(x, *, axis=None, keepdims=False):
     "Largest value over `axis`: the cotangent goes to the maxima, shared equally between ties."
     return _extremum_vwc(np.max, np.maximum, x, axis, keepdims)
 
-@defvwc(np.min, np.amin, unary=True)
+@defvwc(np.min, np.amin, unary=True, group='reductions and scans',
+        domain='reduction distinct: no ties; no empty reductions')
 def min_vwc(x, *, axis=None, keepdims=False):
     "Smallest value over `axis`: the cotangent goes to the minima, shared equally between ties."
     return _extremum_vwc(np.min, np.minimum, x, axis, keepdims)
 
 # %% ../nbs/03a_primitives.ipynb #p3a061
-@defvwc(np.var, unary=True)
+@defvwc(np.var, unary=True, group='reductions and scans', domain='variance: more elements than ddof')
 def var_vwc(x, *, axis=None, ddof=0, keepdims=False):
     "NumPy's variance, its value exactly; over one element it is constant, so its gradient is 0 there."
     n = _count(np.shape(x), axis)
@@ -624,7 +646,7 @@ def var_vwc(x, *, axis=None, ddof=0, keepdims=False):
     def chain(g): return _expand(g, np.shape(x), axis, keepdims) * ((x - np.mean(x, axis=axis, keepdims=True)) * scale)
     return np.var(x, axis=axis, ddof=ddof, keepdims=keepdims), chain
 
-@defvwc(np.std, unary=True)
+@defvwc(np.std, unary=True, group='reductions and scans', domain='deviation: at least 2 elements')
 def std_vwc(x, *, axis=None, ddof=0, keepdims=False):
     """NumPy's standard deviation. Where it is 0 (one element, or all equal) it has no slope, and the gradient
     is 0: constant there, or at the bottom of a cone, where 0 is a subgradient."""
@@ -638,50 +660,50 @@ def std_vwc(x, *, axis=None, ddof=0, keepdims=False):
     return ans, chain
 
 # %% ../nbs/03a_primitives.ipynb #dce5ca50
-@defvwc(np.reshape, unary=True, keeps={})
+@defvwc(np.reshape, unary=True, keeps={}, group='shape and indexing', domain='reshape')
 def reshape_vwc(x, *, shape, order='C'):
     "A new shape: the cotangent reshaped back, in the same order."
     old = np.shape(x)                                 # the cotangent goes back in the same order it came
     return np.reshape(x, shape, order=order), lambda g: np.reshape(g, old, order=order)
 
-@defvwc(np.transpose, unary=True, keeps={})
+@defvwc(np.transpose, unary=True, keeps={}, group='shape and indexing', domain='transpose')
 def transpose_vwc(x, *, axes=None):
     "Axes permuted: the cotangent permuted back by the inverse permutation."
     inverse = None if axes is None else tuple(int(i) for i in np.argsort([a % np.ndim(x) for a in axes]))
     return np.transpose(x, axes), lambda g: np.transpose(g, inverse)
 
-@defvwc(np.swapaxes, unary=True, keeps={})
+@defvwc(np.swapaxes, unary=True, keeps={}, group='shape and indexing', domain='two_axes')
 def swapaxes_vwc(x, *, axis1, axis2):
     "Two axes swapped: the cotangent swapped back."
     return np.swapaxes(x, axis1, axis2), lambda g: np.swapaxes(g, axis1, axis2)
 
 # %% ../nbs/03a_primitives.ipynb #p3a067
-@defvwc(np.squeeze, unary=True, keeps={})
+@defvwc(np.squeeze, unary=True, keeps={}, group='shape and indexing', domain='squeeze')
 def squeeze_vwc(x, *, axis=None):
     "Size-1 axes removed: the cotangent reshaped back."
     old = np.shape(x)
     return np.squeeze(x, axis=axis), lambda g: np.reshape(g, old)
 
-@defvwc(np.expand_dims, unary=True, keeps={})
+@defvwc(np.expand_dims, unary=True, keeps={}, group='shape and indexing', domain='expand')
 def expand_dims_vwc(x, *, axis):
     "A size-1 axis inserted: the cotangent reshaped back."
     old = np.shape(x)
     return np.expand_dims(x, axis), lambda g: np.reshape(g, old)
 
-@defvwc(np.ravel, unary=True, keeps={})
+@defvwc(np.ravel, unary=True, keeps={}, group='shape and indexing', domain='order')
 def ravel_vwc(x, *, order='C'):
     "Flattened: the cotangent reshaped back, in the same order."
     old = np.shape(x)
     return np.ravel(x, order=order), lambda g: np.reshape(g, old, order=order)
 
-@defvwc(np.broadcast_to, unary=True, keeps={})
+@defvwc(np.broadcast_to, unary=True, keeps={}, group='shape and indexing', domain='broadcast')
 def broadcast_to_vwc(x, *, shape):
     "Broadcast to `shape`: the cotangent summed back down to x's shape."
     old = np.shape(x)
     return np.broadcast_to(x, shape), lambda g: unbroadcast(g, old)
 
 # %% ../nbs/03a_primitives.ipynb #p3a071
-@defvwc(name='scatter_add', unary=True)
+@defvwc(name='scatter_add', unary=True, domain='scatter')
 def scatter_add_vwc(g, *, index, like):
     "Zeros shaped like `like` with `g` added at `index` (repeats accumulate): the transpose of indexing."
     chain = lambda h: h[index]
@@ -694,13 +716,13 @@ def scatter_add_vwc(g, *, index, like):
 
 scatter_add = scatter_add_vwc.primitive
 
-@defvwc(name='getitem', unary=True)
+@defvwc(name='getitem', unary=True, domain='index')
 def getitem_vwc(x, *, index):
     "x[index]: the cotangent scattered back into zeros shaped like x (repeated indices add)."
     return x[index], lambda g: scatter_add(g, index=index, like=x)
 
 # %% ../nbs/03a_primitives.ipynb #p3a075
-@defvwc(np.concatenate)
+@defvwc(np.concatenate, group='joining and splitting', domain='joined')
 def concatenate_vwc(*xs, axis=0):
     "Joined along `axis`: each input's cotangent is its slice of g."
     axis = axis % np.ndim(xs[0])
@@ -710,7 +732,7 @@ def concatenate_vwc(*xs, axis=0):
         return lambda g: g[index]
     return np.concatenate(xs, axis=axis), tuple(chain(i) for i in range(len(xs)))
 
-@defvwc(np.stack)
+@defvwc(np.stack, group='joining and splitting', domain='stacked')
 def stack_vwc(*xs, axis=0):
     "Stacked along a new `axis`: each input's cotangent is its index along that axis of g."
     axis = axis % (np.ndim(xs[0]) + 1)
@@ -720,7 +742,7 @@ def stack_vwc(*xs, axis=0):
     return np.stack(xs, axis=axis), tuple(chain(i) for i in range(len(xs)))
 
 # %% ../nbs/03a_primitives.ipynb #5d8be29c
-@defvwc(np.where, keeps=dict(x='cond', y='cond'))
+@defvwc(np.where, keeps=dict(x='cond', y='cond'), group='elementwise', domain='where')
 def where_vwc(cond, x, y):
     "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond
@@ -730,7 +752,7 @@ def where_vwc(cond, x, y):
     return np.where(cond, x, y), (None, lambda g: unbroadcast(_select(cond, g), sx),
                                         lambda g: unbroadcast(_select(~cond, g), sy))
 
-@defvwc(np.clip, unary=True)
+@defvwc(np.clip, unary=True, group='elementwise', domain='clip: x at least 0.1 from either bound')
 def clip_vwc(x, *, a_min, a_max):
     "x clipped to [a_min, a_max]; at a bound the cotangent still passes, as inside."
     inside = (x >= (-np.inf if a_min is None else a_min)) & (x <= (np.inf if a_max is None else a_max))
@@ -738,7 +760,7 @@ def clip_vwc(x, *, a_min, a_max):
     return np.clip(x, a_min, a_max), lambda g: unbroadcast(_select(inside, g), shape)
 
 # %% ../nbs/03a_primitives.ipynb #244a3129
-@defvwc(name='relu', unary=True)
+@defvwc(name='relu', unary=True, domain='elementwise away0: |x| >= 0.25, away from the kink at 0')
 def relu_vwc(x):
     "max(x, 0), elementwise; its slope at 0 is 0 (as in PyTorch and JAX). -inf gives 0, NaN stays NaN."
     mask = x > 0
@@ -752,7 +774,7 @@ def _largest(x, axis):
     except ValueError:                                # an empty axis (a wrong axis raises again, from np.sum)
         return np.sum(x, axis=axis, keepdims=True)
 
-@defvwc(name='logsumexp', unary=True)
+@defvwc(name='logsumexp', unary=True, domain='softmax')
 def logsumexp_vwc(x, *, axis=-1, keepdims=False):
     """log(sum(exp(x))) along `axis`, computed without overflow; -inf where every element is -inf, +inf where one
     is +inf (as SciPy and JAX); -inf over an empty axis (the log of an empty sum)."""
@@ -763,7 +785,7 @@ def logsumexp_vwc(x, *, axis=-1, keepdims=False):
     with np.errstate(divide='ignore'): ans = np.log(s) + m    # log 0 = -inf: an all -inf slice, no warning (as SciPy)
     return (ans if keepdims else np.squeeze(ans, axis=axis)), lambda g: _expand(g, np.shape(x), axis, keepdims) * (e / s)
 
-@defvwc(name='log_softmax', unary=True)
+@defvwc(name='log_softmax', unary=True, domain='softmax')
 def log_softmax_vwc(x, *, axis=-1):
     "log(softmax(x)) along `axis`, computed without overflow."
     shifted = x - _largest(x, axis)

@@ -28,82 +28,84 @@ def _traced(x):
 # %% ../nbs/03a1_more_primitives.ipynb #br2e3f20
 _LN2, _LN10, _DEG = math.log(2), math.log(10), math.pi / 180
 
-@defvwc(np.log2, unary=True)
+@defvwc(np.log2, unary=True, group='elementwise', domain='elementwise positive: x in [0.5, 2]')
 def log2_vwc(x):
     "log₂(x): g / (x ln 2)."
     return np.log2(x), lambda g: g / (x * _LN2)
 
-@defvwc(np.log10, unary=True)
+@defvwc(np.log10, unary=True, group='elementwise', domain='elementwise positive: x in [0.5, 2]')
 def log10_vwc(x):
     "log₁₀(x): g / (x ln 10)."
     return np.log10(x), lambda g: g / (x * _LN10)
 
-@defvwc(np.exp2, unary=True)
+@defvwc(np.exp2, unary=True, group='elementwise', domain='elementwise real')
 def exp2_vwc(x):
     "2^x: g 2^x ln 2, from the result."
     ans = np.exp2(x)
     return ans, lambda g: g * ans * _LN2
 
-@defvwc(np.sinh, unary=True)
+@defvwc(np.sinh, unary=True, group='elementwise', domain='elementwise real')
 def sinh_vwc(x):
     "sinh(x): g cosh(x)."
     return np.sinh(x), lambda g: g * np.cosh(x)
 
-@defvwc(np.cosh, unary=True)
+@defvwc(np.cosh, unary=True, group='elementwise', domain='elementwise real')
 def cosh_vwc(x):
     "cosh(x): g sinh(x)."
     return np.cosh(x), lambda g: g * np.sinh(x)
 
 # %% ../nbs/03a1_more_primitives.ipynb #brsp0e02
-@defvwc(np.arcsin, unary=True)
+@defvwc(np.arcsin, unary=True, group='elementwise', domain='elementwise inner: |x| <= 0.8, the slope blows up at +-1')
 def arcsin_vwc(x):
     "arcsin(x): g / sqrt(1 - x²)."
     return np.arcsin(x), lambda g: g / np.sqrt(1 - x * x)
 
-@defvwc(np.arccos, unary=True)
+@defvwc(np.arccos, unary=True, group='elementwise', domain='elementwise inner: |x| <= 0.8')
 def arccos_vwc(x):
     "arccos(x): -g / sqrt(1 - x²)."
     return np.arccos(x), lambda g: -g / np.sqrt(1 - x * x)
 
-@defvwc(np.arctan, unary=True)
+@defvwc(np.arctan, unary=True, group='elementwise', domain='elementwise real')
 def arctan_vwc(x):
     "arctan(x): g / (1 + x²)."
     return np.arctan(x), lambda g: g / (1 + x * x)
 
-@defvwc(np.arcsinh, unary=True)
+@defvwc(np.arcsinh, unary=True, group='elementwise', domain='elementwise real')
 def arcsinh_vwc(x):
     "arcsinh(x): g / sqrt(x² + 1)."
     return np.arcsinh(x), lambda g: g / np.sqrt(x * x + 1)
 
-@defvwc(np.arccosh, unary=True)
+@defvwc(np.arccosh, unary=True, group='elementwise',
+        domain='elementwise above1: x in [1.25, 3], defined above 1 and steep at 1')
 def arccosh_vwc(x):
     "arccosh(x): g / sqrt(x² - 1)."
     return np.arccosh(x), lambda g: g / np.sqrt(x * x - 1)
 
-@defvwc(np.arctanh, unary=True)
+@defvwc(np.arctanh, unary=True, group='elementwise', domain='elementwise inner: |x| <= 0.8')
 def arctanh_vwc(x):
     "arctanh(x): g / (1 - x²)."
     return np.arctanh(x), lambda g: g / (1 - x * x)
 
 # %% ../nbs/03a1_more_primitives.ipynb #brsp0e03
-@defvwc(np.reciprocal, unary=True)
+@defvwc(np.reciprocal, unary=True, group='elementwise', domain='elementwise away0: |x| >= 0.25')
 def reciprocal_vwc(x):
     "1 / x: -g / x², from the result."
     ans = np.reciprocal(x)
     return ans, lambda g: -g * ans * ans
 
-@defvwc(np.cbrt, unary=True)
+@defvwc(np.cbrt, unary=True, group='elementwise', domain='elementwise away0: |x| >= 0.25, its slope is infinite at 0')
 def cbrt_vwc(x):
     "∛x: g / (3 ∛x²), from the result."
     ans = np.cbrt(x)
     return ans, lambda g: g / (3 * ans * ans)
 
-@defvwc(np.fabs, unary=True)
+@defvwc(np.fabs, unary=True, group='elementwise', domain='elementwise away0: |x| >= 0.25, away from the kink at 0')
 def fabs_vwc(x):
     "|x| (floating point): g sign(x), 0 at 0."
     return np.fabs(x), lambda g: g * np.sign(x)
 
-@defvwc(np.sinc, unary=True)
+@defvwc(np.sinc, unary=True, group='elementwise',
+        domain='elementwise away0: |x| >= 0.25, its slope loses digits to cancellation near 0')
 def sinc_vwc(x):
     "sin(πx)/(πx); its slope (cos(πx) - sinc(x))/x is 0 at 0, where sinc is flat."
     ans = np.sinc(x)
@@ -111,30 +113,33 @@ def sinc_vwc(x):
     safe = np.where(nonzero, x, 1)
     return ans, lambda g: g * np.where(nonzero, (np.cos(math.pi * x) - ans) / safe, 0)
 
-@defvwc(np.deg2rad, np.radians, unary=True)
+@defvwc(np.deg2rad, np.radians, unary=True, group='elementwise', domain='elementwise real')
 def deg2rad_vwc(x):
     "Degrees to radians: g π/180."
     return np.deg2rad(x), lambda g: g * _DEG
 
-@defvwc(np.rad2deg, np.degrees, unary=True)
+@defvwc(np.rad2deg, np.degrees, unary=True, group='elementwise', domain='elementwise real')
 def rad2deg_vwc(x):
     "Radians to degrees: g 180/π."
     return np.rad2deg(x), lambda g: g / _DEG
 
-@defvwc(np.nan_to_num, unary=True)
+@defvwc(np.nan_to_num, unary=True, group='elementwise',
+        domain='elementwise real: finite values, where it is the identity (NaN and infinities: tests/test_primitives_breadth.py)')
 def nan_to_num_vwc(x, *, copy=True, nan=0.0, posinf=None, neginf=None):
     "NaN and infinities replaced by constants: the cotangent passes only where x was finite."
     finite = np.isfinite(x)
     return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf), lambda g: _select(finite, g)   # not g * finite: inf * 0 is NaN
 
 # %% ../nbs/03a1_more_primitives.ipynb #brd9a9d6
-@defvwc(np.arctan2, broadcasts=True)
+@defvwc(np.arctan2, broadcasts=True, group='elementwise',
+        domain='elementwise away0 away0: off the origin and off the branch cut')
 def arctan2_vwc(y, x):
     "The angle of the point (x, y): d = (x dy - y dx) / (x² + y²)."
     r2 = x * x + y * y
     return np.arctan2(y, x), (lambda g: g * x / r2, lambda g: -g * y / r2)
 
-@defvwc(np.hypot, broadcasts=True)
+@defvwc(np.hypot, broadcasts=True, group='elementwise',
+        domain='elementwise away0 real: away from the tip of the cone at the origin')
 def hypot_vwc(x, y):
     "√(x² + y²); at the origin, the bottom of a cone, the gradient is 0 (a subgradient)."
     ans = np.hypot(x, y)
@@ -142,13 +147,13 @@ def hypot_vwc(x, y):
     safe = np.where(positive, ans, 1)
     return ans, (lambda g: np.where(positive, g * x / safe, 0), lambda g: np.where(positive, g * y / safe, 0))
 
-@defvwc(np.logaddexp, broadcasts=True)
+@defvwc(np.logaddexp, broadcasts=True, group='elementwise', domain='elementwise real real')
 def logaddexp_vwc(x, y):
     "log(eˣ + eʸ) without overflow; the slopes are the softmax weights of x and y."
     ans = np.logaddexp(x, y)
     return ans, (lambda g: g * np.exp(x - ans), lambda g: g * np.exp(y - ans))
 
-@defvwc(np.logaddexp2, broadcasts=True)
+@defvwc(np.logaddexp2, broadcasts=True, group='elementwise', domain='elementwise real real')
 def logaddexp2_vwc(x, y):
     "log₂(2^x + 2^y): each operand's share 2^(operand - result) of g."
     ans = np.logaddexp2(x, y)
@@ -159,7 +164,7 @@ def _nan_shares(twice, x, y):
     "Twice x's share for fmax/fmin: a NaN loses to any number, so the other side takes the whole cotangent."
     return np.where(np.isnan(y), 2, np.where(np.isnan(x), 0, twice)).astype(np.int8)
 
-@defvwc(np.fmax, broadcasts=True)
+@defvwc(np.fmax, broadcasts=True, group='arithmetic', domain='elementwise even odd: no ties')
 def fmax_vwc(x, y):
     "Like maximum, but a NaN is ignored; a tie splits the cotangent ½/½."
     ans = np.fmax(x, y)
@@ -167,7 +172,7 @@ def fmax_vwc(x, y):
     twice = _nan_shares(np.add(x >= y, x > y, dtype=np.int8), x, y)
     return ans, _shared_chains(twice, half)
 
-@defvwc(np.fmin, broadcasts=True)
+@defvwc(np.fmin, broadcasts=True, group='arithmetic', domain='elementwise odd even: no ties')
 def fmin_vwc(x, y):
     "Elementwise minimum ignoring NaN: g to the smaller operand, split ½/½ at ties."
     ans = np.fmin(x, y)
@@ -175,7 +180,7 @@ def fmin_vwc(x, y):
     twice = _nan_shares(np.add(x <= y, x < y, dtype=np.int8), x, y)
     return ans, _shared_chains(twice, half)
 
-@defvwc(np.float_power, broadcasts=True)
+@defvwc(np.float_power, broadcasts=True, group='arithmetic', domain='elementwise positive real: a base in [0.5, 2]')
 def float_power_vwc(x, y):
     "x ** y in float64, with power's rules (see 03a): x**0 is constant, and the slope in y needs x > 0."
     ans, zero, positive = np.float_power(x, y), np.equal(y, 0), x > 0
@@ -183,18 +188,19 @@ def float_power_vwc(x, y):
                  lambda g: np.where(positive, g * ans * np.log(np.where(positive, x, 1)), 0))
 
 # %% ../nbs/03a1_more_primitives.ipynb #brsp0e06
-@defvwc(np.fmod, broadcasts=True)
+@defvwc(np.fmod, broadcasts=True, group='arithmetic', domain='elementwise mod_num mod_den: away from the jumps')
 def fmod_vwc(x, y):
     "x - trunc(x / y) * y (C's remainder): slope 1 in x and -trunc(x / y) in y, between the jumps."
     return np.fmod(x, y), (lambda g: g, lambda g: -g * np.trunc(np.true_divide(x, y)))   # y = 0.0: inf, no error
 
-@defvwc(np.copysign, broadcasts=True)
+@defvwc(np.copysign, broadcasts=True, group='arithmetic',
+        domain='elementwise away0 away0: away from the kink of |x| and the sign flip of y')
 def copysign_vwc(x, y):
     "|x| with the sign of y: slope ±1 in x, none in y (a sign carries no derivative)."
     ans = np.copysign(x, y)
     return ans, (lambda g: g * np.sign(x) * np.sign(ans), None)
 
-@defvwc(np.heaviside, broadcasts=True)
+@defvwc(np.heaviside, broadcasts=True, group='elementwise', domain='heaviside')
 def heaviside_vwc(x, h):
     "0 below 0, 1 above and `h` at 0: a step, flat in x; in h, slope 1 where x is 0."
     at_zero = np.equal(x, 0)
@@ -205,7 +211,7 @@ NONDIFFERENTIABLE.update({np.fix, np.around, np.signbit, np.isneginf, np.isposin
                           np.nanargmax, np.nanargmin, np.isin, np.array_equiv, np.lexsort})
 
 # %% ../nbs/03a1_more_primitives.ipynb #brd3d078
-@defvwc(np.prod, unary=True)
+@defvwc(np.prod, unary=True, group='reductions and scans', domain='reduction empty: an empty product is 1')
 def prod_vwc(x, *, axis=None, keepdims=False):
     "The product; each element's slope is the product of the others, found without dividing by zero."
     shape, ans, zero = np.shape(x), np.prod(x, axis=axis, keepdims=keepdims), np.equal(x, 0)
@@ -222,16 +228,17 @@ def prod_vwc(x, *, axis=None, keepdims=False):
         return _expand(g, shape, axis, keepdims) * slope
     return ans, chain
 
+# %% ../nbs/03a1_more_primitives.ipynb #br3sc001
 def _rcumsum(g, axis):
     "Running sums from the far end: the transpose of cumsum."
     return np.flip(np.cumsum(np.flip(g, axis), axis=axis), axis)
 
-@defvwc(np.cumsum, unary=True)
+@defvwc(np.cumsum, unary=True, group='reductions and scans', domain='scan')
 def cumsum_vwc(x, *, axis):
     "Running sum along `axis`: the cotangent summed from the end (a reversed running sum)."
     return np.cumsum(x, axis=axis), lambda g: _rcumsum(g, axis)
 
-@defvwc(np.cumprod, unary=True)
+@defvwc(np.cumprod, unary=True, group='reductions and scans', domain='scan: no zeros')
 def cumprod_vwc(x, *, axis):
     """Running products. Without zeros, the slope is a running sum of g·ans divided by x; with a zero, each
     element's slope is built from running products that leave that element out (n² of them along the axis)."""
@@ -245,7 +252,8 @@ def cumprod_vwc(x, *, axis):
         return np.moveaxis(np.sum(without * np.where(later, gm[..., None, :], 0), axis=-1), -1, axis)
     return ans, chain
 
-@defvwc(name='norm2', unary=True)
+# %% ../nbs/03a1_more_primitives.ipynb #br3nm001
+@defvwc(name='norm2', unary=True, domain='norm')
 def norm2_vwc(x, *, axis=None, keepdims=False):
     "The Euclidean (Frobenius) norm over `axis`; at 0 its gradient is 0, a subgradient at the cone's tip."
     ans = np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims))
@@ -258,37 +266,38 @@ def norm2_vwc(x, *, axis=None, keepdims=False):
 norm2 = norm2_vwc.primitive
 
 # %% ../nbs/03a1_more_primitives.ipynb #bra60812
-@defvwc(np.flip, unary=True)
+@defvwc(np.flip, unary=True, group='shape and indexing', domain='flip')
 def flip_vwc(x, *, axis=None):
     "Reversed along `axis`: the cotangent reversed back."
     return np.flip(x, axis), lambda g: np.flip(g, axis)
 
-@defvwc(np.roll, unary=True)
+@defvwc(np.roll, unary=True, group='shape and indexing', domain='roll')
 def roll_vwc(x, *, shift, axis=None):
     "Rolled by `shift`: the cotangent rolled back."
     back = -shift if np.ndim(shift) == 0 else tuple(-s for s in shift)
     return np.roll(x, shift, axis), lambda g: np.roll(g, back, axis)
 
-@defvwc(np.triu, unary=True)
+@defvwc(np.triu, unary=True, group='shape and indexing', domain='tri')
 def triu_vwc(x, *, k=0):
     "The upper triangle; a 1-d x is a row repeated into a square matrix first, so its chain sums the rows back."
     shape = np.shape(x)
     return np.triu(x, k), lambda g: unbroadcast(np.triu(g, k), shape)
 
-@defvwc(np.tril, unary=True)
+@defvwc(np.tril, unary=True, group='shape and indexing', domain='tri')
 def tril_vwc(x, *, k=0):
     "The lower triangle (below diagonal `k`): the cotangent's lower triangle."
     shape = np.shape(x)
     return np.tril(x, k), lambda g: unbroadcast(np.tril(g, k), shape)
 
-@defvwc(np.diagonal, unary=True)
+# %% ../nbs/03a1_more_primitives.ipynb #br3dg001
+@defvwc(np.diagonal, unary=True, group='shape and indexing', domain='diagonal')
 def diagonal_vwc(x, *, offset=0, axis1=0, axis2=1):
     "The diagonal of the (axis1, axis2) planes, as a last axis; the chain writes the cotangent back onto it."
     shape = np.shape(x)
     return np.diagonal(x, offset, axis1, axis2), lambda g: diagonal_scatter(g, shape=shape, offset=offset,
                                                                             axis1=axis1, axis2=axis2)
 
-@defvwc(name='diagonal_scatter', unary=True)
+@defvwc(name='diagonal_scatter', unary=True, domain='diagonal')
 def diagonal_scatter_vwc(d, *, shape, offset=0, axis1=0, axis2=1):
     "Zeros of `shape` with `d` on the diagonal that `np.diagonal(_, offset, axis1, axis2)` reads: its transpose."
     chain = lambda h: np.diagonal(h, offset, axis1, axis2)
@@ -304,21 +313,22 @@ def diagonal_scatter_vwc(d, *, shape, offset=0, axis1=0, axis2=1):
 
 diagonal_scatter = diagonal_scatter_vwc.primitive
 
-@defvwc(name='pad_constant', unary=True)
+# %% ../nbs/03a1_more_primitives.ipynb #br3pd001
+@defvwc(name='pad_constant', unary=True, domain='pad')
 def pad_constant_vwc(x, *, pad_width, constant_values=0):
     "`np.pad` with constants around: the chain cuts the middle back out."
     middle = tuple(slice(before, n + before) for (before, _), n in zip(pad_width, np.shape(x)))
     return np.pad(x, pad_width, constant_values=constant_values), lambda g: g[middle]
 
 # %% ../nbs/03a1_more_primitives.ipynb #br5e9ac5
-@defvwc(np.lib.stride_tricks.sliding_window_view, unary=True)
+@defvwc(np.lib.stride_tricks.sliding_window_view, unary=True, group='shape and indexing', domain='windows')
 def sliding_window_view_vwc(x, *, window_shape, axis):
     "Every window of `window_shape` along `axis` (tuples), as new trailing axes; the chain adds them back."
     shape = np.shape(x)
     return (sliding_window_view(x, window_shape, axis),
             lambda g: window_sum(g, shape=shape, window_shape=window_shape, axis=axis))
 
-@defvwc(name='window_sum', unary=True)
+@defvwc(name='window_sum', unary=True, domain='windows')
 def window_sum_vwc(g, *, shape, window_shape, axis):
     """The transpose of `sliding_window_view`: each window of `g` added back where it was read. One window axis at
     a time, from the last: its positions are shifted slices added along the array axis it slides on (a 5×5
@@ -339,7 +349,8 @@ def window_sum_vwc(g, *, shape, window_shape, axis):
 
 window_sum = window_sum_vwc.primitive
 
-@defvwc(name='put_along_axis', broadcasts=False)
+# %% ../nbs/03a1_more_primitives.ipynb #br3pt001
+@defvwc(name='put_along_axis', broadcasts=False, domain='put_along_axis')
 def put_along_axis_vwc(arr, values, *, indices, axis):
     """`np.put_along_axis` as a new array: `arr` with `values` written at `indices` along `axis`. The
     overwritten elements of `arr` get no cotangent; each value that stays gets the cotangent of its place."""

@@ -11,7 +11,7 @@ __all__ = ['ZeroDerivativeWarning', 'value_with_pullback', 'pullback', 'value_wi
 import inspect, sys, threading, types, warnings
 import numpy as np
 from .backend import array_module, is_array, to_host
-from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES
+from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES, defvwc
 from . import engine
 from .engine import Recording, Traced, apply, backward, unbox, collector_tuned_for_tapes
 from .errors import DifferentiationError, NonScalarOutputError, _name
@@ -115,38 +115,38 @@ def _release_when_dropped(pullback, recording):
 
 # %% ../nbs/03d_transforms.ipynb #edc2sp02
 def _recorded(f, args, once, depth):
-    """Record `f(*args)`, with the collector already tuned by the caller: `(trace, primals, rebuild, out, mine, value)`,
-    `mine` being the result's leaves traced on `trace` (None for the others). With `once` the value shares the tape's
+    """Record `f(*args)`, with the collector already tuned by the caller: `(recording, primals, rebuild, out, mine, value)`,
+    `mine` being the result's leaves traced on `recording` (None for the others). With `once` the value shares the tape's
     arrays (nobody else holds them); else it gets read-only views. `depth`: the user's frame, for the warning."""
     if not callable(f): raise DifferentiationError(f"value_with_pullback: f must be callable, not {_describe(f)}")
     if not args: raise DifferentiationError(f"value_with_pullback: no arguments given to differentiate {_name(f)} at")
     primals, rebuild = flatten(args, where=f'argument', arguments=True)
     for i, p in enumerate(primals):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {_name(f)}: argument {i}")
-    trace = Recording()
-    trace.locks = {}                                  # lock the user's arrays that chains keep (the engine's `lock`)
-    engine.lock_arguments(trace, primals)             # and the arguments: `np.sin(x)`'s chain reads x
+    recording = Recording()
+    recording.locks = {}                              # lock the user's arrays that chains keep (the engine's `lock`)
+    engine.lock_arguments(recording, primals)         # and the arguments: `np.sin(x)`'s chain reads x
     recorded = False
     try:
-        out = f(*rebuild([trace.new_input(p) for p in primals]))
+        out = f(*rebuild([recording.new_input(p) for p in primals]))
         recorded = True
     except ValueError as e:                           # a write into an array the backward pass reads
-        if 'read-only' not in str(e) or not (trace.locks or trace.stopped): raise
-        raise engine.saved_array_written(trace, e) from e
+        if 'read-only' not in str(e) or not (recording.locks or recording.stopped): raise
+        raise engine.saved_array_written(recording, e) from e
     finally:
-        trace.active = False
-        if not recorded: engine.release(trace)         # f raised: no tape, nothing stays locked
+        recording.active = False
+        if not recorded: engine.release(recording)     # f raised: no tape, nothing stays locked
     try:
         outs, rebuild_out = flatten(out, where=f"the result of {_name(f)}")
-        values = [unbox(o, trace) for o in outs]      # once: the tape's own arrays; a traced one (of an outer level): an alias
+        values = [unbox(o, recording) for o in outs]  # once: the tape's own arrays; a traced one (of an outer level): an alias
         value = rebuild_out([_read_only(v) if not once or type(v) is Traced else v for v in values])
-    except BaseException: engine.release(trace); raise
-    mine = [o if type(o) is Traced and o._recording is trace else None for o in outs]
-    if all(o is None for o in mine) and not trace.stopped:      # without_derivative says "on purpose"
+    except BaseException: engine.release(recording); raise
+    mine = [o if type(o) is Traced and o._recording is recording else None for o in outs]
+    if all(o is None for o in mine) and not recording.stopped:  # without_derivative says "on purpose"
         warnings.warn(f"{_name(f)}: the result does not depend on the differentiated arguments, so their "
                       f"derivative is always zero; if that is intended, say so with without_derivative",
                       ZeroDerivativeWarning, stacklevel=depth)
-    return trace, primals, rebuild, out, mine, value
+    return recording, primals, rebuild, out, mine, value
 
 # %% ../nbs/03d_transforms.ipynb #e7155a4f
 def _gradients(cts, primals, rebuild, seeds, n):
@@ -159,7 +159,7 @@ def _gradients(cts, primals, rebuild, seeds, n):
 def _value_with_pullback(f, args, once=False):
     "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
     with collector_tuned_for_tapes():                 # see the engine: the collector would walk the growing tape
-        trace, primals, rebuild, out, mine, value = _recorded(f, args, once, depth=5)
+        recording, primals, rebuild, out, mine, value = _recorded(f, args, once, depth=5)
 
     def pullback(cotangent):
         cts = leaves_like(out, cotangent, f"pullback of {_name(f)}: the cotangent")   # matched by key, not position
@@ -173,11 +173,11 @@ def _value_with_pullback(f, args, once=False):
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
         try:
-            with collector_tuned_for_tapes(): cts = backward(trace, seeds, consume=once) if seeds else [None] * len(primals)
+            with collector_tuned_for_tapes(): cts = backward(recording, seeds, consume=once) if seeds else [None] * len(primals)
         finally:
-            if once: engine.release(trace)             # the tape is gone: the user's arrays are theirs again
+            if once: engine.release(recording)         # the tape is gone: the user's arrays are theirs again
         return _gradients(cts, primals, rebuild, seeds, len(args))
-    _release_when_dropped(pullback, trace)
+    _release_when_dropped(pullback, recording)
     return value, pullback
 
 def pullback(f, *args, argnums=None):
@@ -207,12 +207,12 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
     if has_aux: return _with_aux(f, args, argnums)
     f, args, shaped = _differentiated('value_with_gradient', f, args, argnums)
     with collector_tuned_for_tapes():                 # one pause over both passes: no full collection in between
-        trace, primals, rebuild, out, mine, value = _recorded(f, args, once=True, depth=4)
+        recording, primals, rebuild, out, mine, value = _recorded(f, args, once=True, depth=4)
         try:                                          # the pullback's steps for the one seed; nobody else sees this
             seed, o = _seed(value, f), mine[0]        # tape, so it is freed as it runs
             seeds = {} if o is None else {o.idx: _cast_like(seed, o.value)}
-            cts = backward(trace, seeds, consume=True) if seeds else [None] * len(primals)
-        finally: engine.release(trace)                # the user's arrays are theirs again
+            cts = backward(recording, seeds, consume=True) if seeds else [None] * len(primals)
+        finally: engine.release(recording)            # the user's arrays are theirs again
     grads = _gradients(cts, primals, rebuild, seeds, len(args))
     return value, (grads if shaped is None else shaped(grads))
 
@@ -320,8 +320,8 @@ def _positional_cotangents(name, args, kwargs, cts):
     return cts[0] if len(args) == 1 else cts
 
 # %% ../nbs/03d_transforms.ipynb #sk0001h
-def _traces(x):
-    "The traces `x` takes part in: those of its traced leaves, at every level under each."
+def _recordings_of(x):
+    "The recordings `x` takes part in: those of its traced leaves, at every level under each."
     found = set()
     for leaf in (flatten(x, static_ok=True)[0] if is_container(x) else (x,)):
         while type(leaf) is Traced:
@@ -331,7 +331,7 @@ def _traces(x):
 
 def _refuse_foreign_traces(name, value, args):
     "A value computed from a traced value that no argument carried (a closure) would lose that value's derivative."
-    if (type(value) is Traced or is_container(value)) and not _traces(value) <= _traces(args):
+    if (type(value) is Traced or is_container(value)) and not _recordings_of(value) <= _recordings_of(args):
         raise DifferentiationError(f"{name}: its VJP computed its value from a traced value it was not given "
                                    f"(through a closure or an object's field), whose derivative would be lost; "
                                    f"pass that value as an argument")
@@ -453,7 +453,7 @@ def differentiable_function(vjp, name=None, forward=None):
     if not callable(vjp): raise DifferentiationError(f"differentiable_function: vjp must be a function, not {_describe(vjp)}")
     name = name or _name(vjp)
     def value_and_pullback(args, kwargs):
-        """The VJP's value and (checked) pullback. Arguments that still carry outer trace levels get their value
+        """The VJP's value and (checked) pullback. Arguments that still carry outer recording levels get their value
         from this function itself, so each outer level records this rule, not the VJP's forward code; the
         pullback, run on those traced values, stays differentiable for higher orders."""
         out = vjp(*args, **kwargs)
@@ -543,6 +543,7 @@ class _Redirection:
         if current is not None: current.install(current.stack[-1].function)
         else: self.restore()
 
+# %% ../nbs/03d_transforms.ipynb #b2c4e6fb
 def _per_context(key, elsewhere, plain):
     """A function that calls, on each call, the rule of `key` in force in the calling context (`CONTEXT_RULES`, set by
     a replay): `plain` where that is no rule, `elsewhere` in a context that has none of its own."""
@@ -567,6 +568,7 @@ class _RegistryRedirection(_Redirection):
     def contest(self): self.row.contest(True)          # the row looks the calling context's rule up (`CONTEXT_RULES`)
     def settle(self): self.row.contest(False)
 
+# %% ../nbs/03d_transforms.ipynb #b2c4sp0c
 class _PythonFunctionRedirection(_Redirection):
     """A Python function, however it is reached: while a derivative is registered, its code is a one-line
     trampoline into the differentiable version (found in a keyword default), labelled with the function's
@@ -595,6 +597,7 @@ class _PythonFunctionRedirection(_Redirection):
         "The trampoline, into the calling context's rule (the function itself where that is none)."
         self.install(_per_context(id(self.of), self.in_force() or self.original, self.original))
 
+# %% ../nbs/03d_transforms.ipynb #b2c4sp0e
 class _NameRedirection(_Redirection):
     """Any other callable (a C function through `ctypes`, say) cannot be changed: the global names that refer
     to it, in its own module and in the registering one, are pointed at the derivative instead."""
@@ -640,6 +643,7 @@ def _register(of, vjp, caller_globals):
         registration.undo()
         raise
 
+# %% ../nbs/03d_transforms.ipynb #b2c4sp05
 def derivative(of, vjp=None):
     """Use `vjp` as the derivative of `of` wherever `of` is called: a NumPy function (found through NumPy's
     dispatch), a Python function (however it is reached), or any other callable (a C function through
@@ -738,7 +742,7 @@ class rules_restored:
 
 # %% ../nbs/03d_transforms.ipynb #c3d5e7f9
 def _stop(x):
-    """The value under every trace level of `x`, noting on each trace that its derivative was stopped on purpose.
+    """The value under every recording level of `x`, noting on each recording that its derivative was stopped on purpose.
     An array comes as a read-only view: it is the tape's own, which a chain may read in the backward pass."""
     if type(x) is not Traced: return x
     while type(x) is Traced:
@@ -773,7 +777,7 @@ def _hook_vwc(x, *, hook):
         return replaced
     return x, chain
 
-_with_derivative = Primitive('with_derivative', _hook_vwc, unary=True)
+_with_derivative = defvwc(name='with_derivative', unary=True, domain='hook')(_hook_vwc).primitive
 
 def with_derivative(x, hook):
     """`x` unchanged; in the backward pass `hook(g)` sees the cotangent `g` of `x`, and may return a

@@ -89,3 +89,33 @@ def test_a_function_with_keyword_only_defaults_stays_callable_while_its_derivati
     assert scaled(1.0) == 2.0 and scaled.__kwdefaults__ == {'k': 2.0}
 
 # SciPy's rules: values and slopes as SciPy and central differences give them
+
+
+# ---- a rule carries its group: the listing by group is read from the rows -------------------------------------------
+from fastad import primitives as P
+
+def test_every_numpy_rule_names_its_group():
+    "A rule registered for a NumPy callable says where `supported_functions()` lists it (a new one without: named here)."
+    unnamed = sorted(getattr(f, '__name__', str(f)) for f, row in REGISTRY.items()
+                     if row.primitive is not None and row.group is None)
+    assert not unnamed, f"rules with no group=: {unnamed}"
+
+def test_groups_are_derived_from_the_rows():
+    "`groups()` reads each row's group; what it lists agrees with dispatch's table, group by group."
+    derived = P.groups()
+    assert set(derived) <= set(dispatch.GROUPS)
+    for group, fs in derived.items():
+        assert all(REGISTRY[f].group == group for f in fs)
+        assert set(fs) <= set(dispatch.GROUPS[group]), (group, set(fs) - set(dispatch.GROUPS[group]))
+    assert np.exp in derived['elementwise'] and np.linalg.cholesky in derived['linear algebra']
+
+def test_a_new_rule_brings_its_group_and_domain():
+    "One decorator: the rule, its row, its group and its domain."
+    def halve(x): return x / 2
+    @P.defvwc(halve, group='arithmetic', domain='elementwise real')
+    def halve_vwc(x): return x / 2, lambda g: g / 2
+    try:
+        assert REGISTRY[halve].rule is halve_vwc.primitive and halve_vwc.primitive.domain == 'elementwise real'
+        assert halve in P.groups()['arithmetic']
+    finally: del REGISTRY[halve]
+    assert halve not in P.groups()['arithmetic']
