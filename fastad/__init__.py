@@ -10,7 +10,7 @@ from .logs_and_collector import trace, trace_primitives
 from . import traced_array, in_place     # Traced's operators, methods and NumPy's protocols; x op= y and x[key] = v
 from . import dispatch                    # declares the NumPy adapters in the registry's rows
 from . import linalg                      # and those of numpy.linalg
-from .dispatch import put_along_axis, supported_functions
+from .dispatch import put_along_axis
 from .tree import Differentiable, nondifferentiable, tree_map
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning,
@@ -24,3 +24,4 @@ from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_p
 from .jit import jit, JitError
 from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, planner, memory, drawing, forward, progress
 from . import scipy_rules; scipy_rules.install()   # SciPy's functions, differentiated once SciPy is imported (none of it is imported here)
+from .scipy_rules import supported_functions        # NumPy's (fastad.dispatch) and SciPy's

@@ -287,9 +287,8 @@ def with_recomputation_in_pullbacks(x, body, generators=()):
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #7c138b12
 import numbers, warnings
-from fastcore.basics import patch
 from .errors import _whole_number
-from .layers import Layer, sequenced
+from .layers import Layer, sequenced, discards_with
 from .tree import nondifferentiable
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #559cf6ac
@@ -321,12 +320,7 @@ class ActivationDiscarding(Layer):
 
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #rf000023
-@patch
-def discarding_activations(self: Layer, generators=()):
-    """This layer, with its activations recomputed in the backward pass instead of kept: `ActivationDiscarding(self)`.
-    Pass the random generators of your own that it draws from as `generators`, to replay them."""
-    return ActivationDiscarding(wrapped=self, generators=tuple(generators))
-
+discards_with(ActivationDiscarding)      # every layer's discarding_activations() makes one
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #45876802
 def _run(layers, x): return sequenced(x, through=list(layers))

@@ -7,7 +7,7 @@ __all__ = ['RULES', 'SQRT_PI', 'SQRT_2PI', 'LOG_2PI', 'STATS', 'logpmf_vjp', 'RE
            'polygamma_vjp', 'logsumexp_vjp', 'softmax_vjp', 'log_softmax_vjp', 'multivariate_normal_logpdf_vjp',
            'dirichlet_logpdf_vjp', 'multivariate_normal_frozen_logpdf_vjp', 'solve_triangular_vjp', 'cho_factor_vjp',
            'cho_solve_vjp', 'expm_vjp', 'cholesky_vjp', 'convolve_vjp', 'correlate_vjp', 'register_scipy',
-           'unregister_scipy', 'scipy_functions', 'install']
+           'unregister_scipy', 'scipy_functions', 'supported_functions', 'install']
 
 # %% ../nbs/03g_scipy.ipynb #sp6f2496
 import importlib, importlib.abc, importlib.util, math, sys, threading, warnings
@@ -487,6 +487,10 @@ def scipy_functions():
             if r.active: table.setdefault(module, []).extend(r.vjp.serves)
     return {m: sorted(names) for m, names in sorted(table.items())}
 
+def supported_functions():
+    "Every NumPy and SciPy callable fastad differentiates, by group (SciPy's by module): `fd.supported_functions()`."
+    return dispatch.supported_functions(more=scipy_functions())
+
 # %% ../nbs/03g_scipy.ipynb #spb78023
 class _WhenImported(importlib.abc.MetaPathFinder):
     """Registers a SciPy module's rules right after the module is first imported, wherever that happens: fastad
@@ -516,6 +520,5 @@ class _ThenRegister(importlib.abc.Loader):
 def install():
     "Differentiate SciPy wherever it is used: register the rules of the SciPy modules imported already, and of the others when they are."
     if not any(isinstance(f, _WhenImported) for f in sys.meta_path): sys.meta_path.insert(0, _WhenImported())
-    if scipy_functions not in dispatch.MORE_TABLES: dispatch.MORE_TABLES.append(scipy_functions)   # fd.supported_functions()
     for module in RULES:
         if module in sys.modules: register_scipy(module)

@@ -4,13 +4,13 @@
 
 # %% auto #0
 __all__ = ['Differentiable', 'nondifferentiable', 'is_container', 'items', 'rebuilt', 'map_structure', 'stores_its_fields',
-           'is_leaf', 'flatten', 'leaves_like', 'tree_map']
+           'fields_of', 'is_leaf', 'flatten', 'leaves_like', 'tree_map']
 
 # %% ../nbs/03c_tree.ipynb #ee1056ad
 import copy, dataclasses, inspect, numbers, weakref
 from fastcore.basics import patch
 import numpy as np
-from .errors import DifferentiationError
+from .errors import DifferentiationError, ShapeError
 
 class _WrittenField(dataclasses.Field):
     """A field put back on its model class. The class reads it as the `Field` (what a later `@dataclass` needs);
@@ -76,13 +76,13 @@ def is_container(x):
     "Does fastad look inside `x`? Tuples (named ones too), lists, dicts (subclasses too), and dataclass instances (models too)."
     return isinstance(x, (tuple, list, dict)) or hasattr(type(x), '__dataclass_fields__')
 
-def _init_fields(x): return _fields_of(type(x)).fields
+def _init_fields(x): return fields_of(type(x)).fields
 
 def items(x):
     "The `(key, item)` pairs of container `x`: its positions, its dict keys, or a dataclass's `__init__` fields by name."
     if isinstance(x, dict): return list(x.items())
     if isinstance(x, (tuple, list)): return list(enumerate(x))
-    return [(name, getattr(x, name)) for name in _fields_of(type(x)).names]
+    return [(name, getattr(x, name)) for name in fields_of(type(x)).names]
 
 def rebuilt(x, values, construct=True):
     """A container like `x` holding `values` (in the order of `items(x)`). A dataclass is built through its
@@ -97,7 +97,7 @@ def rebuilt(x, values, construct=True):
         return new
     if isinstance(x, tuple) and hasattr(x, '_fields'): return kind(*values)      # a named tuple
     if isinstance(x, (tuple, list)): return kind(values)
-    return _fields_of(kind).build(x, values, construct)
+    return fields_of(kind).build(x, values, construct)
 
 def map_structure(fn, x):
     """`x` with `fn` applied to every item that is not a container (`is_container`), each container rebuilt
@@ -125,7 +125,7 @@ def stores_its_fields(cls):
 
 def _derives_in_post_init(cls):
     "Does building a `cls` run a `__post_init__` (that may derive values from the fields)? Then moving one runs it again."
-    return cls in _WRITTEN_INIT and hasattr(cls, '__post_init__') and not _fields_of(cls).stores
+    return cls in _WRITTEN_INIT and hasattr(cls, '__post_init__') and not fields_of(cls).stores
 
 def _only_stores(cls):
     "Does `cls`'s constructor do nothing but store its fields? Yes if it said so, or if dataclasses wrote it and nothing runs after."
@@ -140,11 +140,13 @@ _FIELD_FORM = ("declare each parameter in the class body, as a dataclass field, 
 # %% ../nbs/03c_tree.ipynb #t3c00004
 _FIELDS = {}         # dataclass -> its _Fields (a plain dict: a _Fields holds its class anyway, and a lookup is a third as dear)
 
-def _fields_of(cls):
-    "`cls`'s `_Fields`, worked out at its first use."
+def fields_of(cls):
+    "The fields of model class `cls`, worked out once: their names, which are differentiable, and a rebuild (a `_Fields`)."
     fields = _FIELDS.get(cls)
     if fields is None: _FIELDS[cls] = fields = _Fields(cls)
     return fields
+
+_fields_of = fields_of     # the name fastad.more_layers and fastad.training import
 
 def _differentiable(field): return field.metadata.get('differentiable', True)
 
@@ -326,7 +328,7 @@ class _Static:
 def _labelled(x, where):
     "`(label, item, differentiable)` for each item of container `x`, labelled for error messages."
     if hasattr(type(x), '__dataclass_fields__'):
-        return [(f"{where}.{name}", getattr(x, name), d) for name, d in _fields_of(type(x)).differentiable]
+        return [(f"{where}.{name}", getattr(x, name), d) for name, d in fields_of(type(x)).differentiable]
     if isinstance(x, tuple) and hasattr(x, '_fields'): return [(f"{where}.{n}", v, True) for n, v in zip(x._fields, x)]
     return [(f"{where}[{k!r}]", v, True) for k, v in items(x)]
 
@@ -357,7 +359,7 @@ def _walk(x, where, static_ok, leaves):
     elif kind is list or kind is tuple:
         return (x, [_walk(v, (where, i, '[{!r}]'), static_ok, leaves) for i, v in enumerate(x)], None)
     elif hasattr(kind, '__dataclass_fields__'):          # ints, flags, functions in a model ride along
-        fields = _fields_of(kind)
+        fields = fields_of(kind)
         if fields.checks: fields.check_undeclared(x, where)
         specs = []
         for name, d in fields.differentiable:
@@ -382,7 +384,7 @@ def _refuse_cycles(x, where, inside):
     kind = type(x)
     if kind is list or kind is tuple: items = [((where, i, '[{!r}]'), v) for i, v in enumerate(x)]
     elif hasattr(kind, '__dataclass_fields__'):
-        items = [((where, name, '.{}'), getattr(x, name)) for name, d in _fields_of(kind).differentiable if d]
+        items = [((where, name, '.{}'), getattr(x, name)) for name, d in fields_of(kind).differentiable if d]
     elif is_container(x) and not is_leaf(x): items = [(label, v) for label, v, _ in _labelled(x, _label(where))]
     else: return
     if id(x) in inside: raise _contains_itself(where, x)
@@ -451,7 +453,7 @@ def _match(t, x, where, found):
         if len(x) != len(t): raise _unlike(where, t, x, f" of {len(x)} items", f" of {len(t)}")
         for i, (a, b) in enumerate(zip(t, x)): _match(a, b, f"{where}[{i}]", found)
     else:
-        for name, d in _fields_of(type(t)).differentiable:
+        for name, d in fields_of(type(t)).differentiable:
             if d: _match(getattr(t, name), getattr(x, name), f"{where}.{name}", found)
 
 # %% ../nbs/03c_tree.ipynb #7d1e0a02
@@ -462,3 +464,68 @@ def tree_map(f, tree, *rest):
     leaves, rebuild = flatten(tree, where='tree_map: tree', static_ok=True)
     others = [leaves_like(tree, r, f"tree_map: rest[{i}]") for i, r in enumerate(rest)]
     return rebuild([f(*xs) for xs in zip(leaves, *others)], construct=False)
+
+# %% ../nbs/03c_tree.ipynb #132a1cff
+def _moved(x, d, where):
+    "`x + d` as a new value of `x`'s type and dtype (a float stays a float, float32 stays float32)."
+    if d is None: return x                                # None: a zero step
+    if np.shape(d) != np.shape(x):
+        raise ShapeError(f"move: {where} has shape {tuple(np.shape(d))}, but the field has shape {tuple(np.shape(x))}: "
+                         f"nothing was moved")
+    new = x + d
+    if type(x) is float: return float(new)
+    if isinstance(x, np.generic): return type(x)(new)
+    return new if new.dtype == x.dtype else new.astype(x.dtype)
+
+def _part(d, key): return None if d is None else d[key] if isinstance(d, (list, tuple, dict)) else getattr(d, key)
+
+def _directions(x, d, found):
+    "Every model in `x`, each once, with the parts of direction `d` that belong to it: `{id(model): (model, [parts])}`."
+    if d is None: return
+    if isinstance(x, Differentiable):
+        if id(x) in found: found[id(x)][1].append(d); return      # met again (a layer used twice): one more part
+        found[id(x)] = (x, [d])
+        for name, differentiable in fields_of(type(x)).differentiable:
+            if differentiable: _directions(getattr(x, name), getattr(d, name), found)
+    elif is_container(x):
+        for key, value in items(x): _directions(value, _part(d, key), found)
+
+def _stepped(x, steps, where):
+    "Value `x` (a leaf, or a structure of leaves and models) moved by the sum of `steps`; models stay themselves."
+    if is_leaf(x):
+        steps = [s for s in steps if s is not None]
+        return _moved(x, sum(steps[1:], steps[0]) if steps else None, where)
+    if isinstance(x, Differentiable) or not is_container(x): return x     # a model moves on its own; a static value stays
+    return rebuilt(x, [_stepped(v, [_part(s, k) for s in steps], f"{where}[{k!r}]") for k, v in items(x)], construct=False)
+
+
+# %% ../nbs/03c_tree.ipynb #rf000021
+@patch
+def move(self: Differentiable, along):
+    """Move the model by `along` (a value of its class, e.g. a scaled gradient), field by field, and return it.
+    Fields are rebound to new arrays (the old ones are left as they were); sub-models, in fields or in lists,
+    are moved in place, so a layer that appears twice stays one layer, moved by the sum of both parts. A model
+    whose `__post_init__` derives values runs it again (inner models first), so they follow the new fields. A
+    direction that does not fit moves nothing: every new value is worked out before any field changes."""
+    if type(along) is not type(self):
+        raise DifferentiationError(f"move: along is a {type(along).__name__}, but the model is a {type(self).__name__}: "
+                                   f"a direction has the model's own class (its gradient, say)")
+    flatten(self, where=type(self).__name__, static_ok=True)      # a model that contains itself: a clear error
+    leaves_like(self, along, 'move: along')                       # the whole direction fits before anything moves
+    found = {}
+    _directions(self, along, found)
+    new = [(model, name, _stepped(getattr(model, name), [getattr(d, name) for d in parts], f"along.{name}"))
+           for model, parts in found.values() for name, differentiable in fields_of(type(model)).differentiable
+           if differentiable]                                    # a field of another shape is refused here, before any change
+    derives = [model for model, _ in reversed(found.values()) if _derives_in_post_init(type(model))]
+    old = [(model, name, getattr(model, name)) for model, name, _ in new] if derives else []
+    saved = [(model, dict(model.__dict__)) for model in derives if hasattr(model, '__dict__')]
+    for model, name, value in new: object.__setattr__(model, name, value)
+    try:
+        for model in derives: model.__post_init__()             # a model's parts before the model: it may derive from them
+    except Exception:                                            # its checks refused the new values: put the old ones back
+        for model, name, value in old: object.__setattr__(model, name, value)
+        for model, state in saved: model.__dict__.clear(); model.__dict__.update(state)
+        raise
+    return self
+

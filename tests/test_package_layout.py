@@ -144,6 +144,26 @@ def test_the_engine_core_is_one_short_module_and_the_dispatch_is_one_hop_away():
     assert dispatch.ufunc_keywords is traced_array.ufunc_keywords
 
 
+def test_no_module_patches_a_class_another_module_defines():
+    "A method lives where its class is defined: no `@patch` of a lower module's class (as layers did to `move`)."
+    for module, src in sources().items():
+        for cls in re.findall(r'^@patch\s*\ndef \w+\(self: (\w+)', src, re.M):
+            assert re.search(rf'^class {cls}\b', src, re.M), (module, cls)
+    from fastad import tree, layers, checkpointing
+    assert fd.Differentiable.move.__module__ == 'fastad.tree'
+    assert fd.Layer.discarding_activations.__module__ == 'fastad.layers'
+    assert type(fd.Dense(2, 2).discarding_activations()) is checkpointing.ActivationDiscarding
+
+
+def test_no_lower_module_keeps_a_table_an_upper_one_fills():
+    "SciPy's functions reach fd.supported_functions() passed down by fastad.scipy_rules, not appended to a list of dispatch's."
+    from fastad import dispatch, scipy_rules
+    assert not hasattr(dispatch, 'MORE_TABLES') and 'MORE_TABLES' not in sources()['scipy_rules']
+    assert fd.supported_functions is scipy_rules.supported_functions
+    assert not any(g.startswith('scipy') for g in dispatch.supported_functions())
+    assert dispatch.supported_functions(more={'scipy.x': ['scipy.x.f']})['scipy.x'] == ['scipy.x.f']
+
+
 def test_each_idea_of_the_engine_has_one_name():
     assert defined_in(r'^def _in_place\(') == []
     assert defined_in(r'^def in_place_operator\(') == ['in_place'] and defined_in(r'^def _refused_in_place\(') == ['traced_array']
