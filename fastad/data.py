@@ -82,6 +82,7 @@ def download(url, dest, sha256, size=None, timeout=10, verbose=True):
     finally:
         if tmp is not None and os.path.exists(tmp): os.remove(tmp)
 
+# %% ../nbs/90b_data.ipynb #2d7e2aa7
 def _mirror_list(op, mirrors):
     "`mirrors` as a tuple of URL prefixes, or an ArgumentError naming `op`."
     if isinstance(mirrors, (str, bytes)) or not hasattr(mirrors, '__iter__'):

@@ -93,6 +93,7 @@ def _chain_cotangents(chain, v, n, name):
         f"check_vwc({name}): the chain should return {n} cotangents, one per argument, got {type(cts).__name__}"
     return list(cts)
 
+# %% ../nbs/90d_testing.ipynb #74aa78f8
 def check_vwc(vwc, *args, f=None, eps=1e-6, tol=1e-5, trials=2, seed=0):
     """Assert that `vwc(*args)` returns `(value, chain)`, with the value of `f(*args)` when `f` is given, and a
     chain giving the cotangents that float64 central differences give, for random cotangents. Returns the worst error."""
