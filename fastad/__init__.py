@@ -21,6 +21,8 @@ from .drawing import draw, tape_of, TapeListing
 from .forward import differential, value_with_differential, jacobian, hessian, hessian_vector_product, ravel
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential, BudgetWarning)
+from .training import (SGD, Adam, AdamW, Schedule, constant_schedule, step_schedule, warmup_cosine_schedule,
+                       global_norm, clip_by_global_norm, save, load, batches)
 from .more_layers import LayerNorm, Dropout, Embedding, set_training
 from .jit import jit, JitError
 from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, planner, memory, drawing, forward, progress
