@@ -190,3 +190,21 @@ def test_the_callers_model_comes_back_as_itself():
     for _ in range(4):
         returned, _ = fast(model, opt, np.ones((2, 4)), np.ones((2, 1)))
         assert returned is model
+
+def _fastad_code(source):
+    "Functions defined as if in a fastad module: their decisions on traced values are fastad's own checks."
+    import linecache
+    linecache.cache['example.py'] = (len(source), None, source.splitlines(True), 'example.py')   # its lines, for the sites
+    namespace = {'__name__': 'fastad.example', 'np': np, 'math': __import__('math')}
+    exec(compile(source, 'example.py', 'exec'), namespace)
+    return namespace
+
+def test_a_nan_test_in_fastad_is_checked_for_its_kind_and_other_values_exactly():
+    code = _fastad_code("def nan_safe(x):\n    if math.isnan(x.sum()): return x * 0\n    return x * 2\n"
+                        "def scaled(x, t):\n    return x * float(t)\n")
+    fast = jit(code['nan_safe'])
+    for v in (1., 2., 3., 4.): np.testing.assert_array_equal(fast(np.full(2, v)), [2 * v, 2 * v])
+    with pytest.raises(JitError, match="decides otherwise"): fast(np.array([1., np.nan]))
+    frozen = jit(code['scaled'])
+    frozen(np.ones(2), np.float64(2))
+    with pytest.raises(JitError, match="reads a traced value .* that differs between two calls"): frozen(np.ones(2), np.float64(3))
