@@ -208,3 +208,26 @@ def test_a_nan_test_in_fastad_is_checked_for_its_kind_and_other_values_exactly()
     frozen = jit(code['scaled'])
     frozen(np.ones(2), np.float64(2))
     with pytest.raises(JitError, match="reads a traced value .* that differs between two calls"): frozen(np.ones(2), np.float64(3))
+
+def test_a_scalar_chain_replays_as_python_arithmetic_and_equals_eager():
+    def chain(x):
+        for _ in range(50): x = np.exp(np.sin(x) * 0.5 + 0.1)
+        return x
+    fast = jit(lambda x: fd.value_with_gradient(chain, x))
+    for x in (0.3, -1.2, 0.7, 2.5):
+        value, grad = fast(np.float64(x))
+        expected = fd.value_with_gradient(chain, np.float64(x))
+        assert type(value) is np.float64 and _close(value, expected[0], 1e-12) and _close(grad, expected[1], 1e-12)
+    assert 'out=' not in list(fast.programs.values())[0].source and '_msin(' in list(fast.programs.values())[0].source
+    overflow = jit(lambda x: np.exp(x) * 2)
+    with np.errstate(over='ignore'):
+        assert np.isnan(fast(np.float64(np.nan))[0]) and all(np.isinf(overflow(np.float64(800.0))) for _ in range(3))
+
+def test_a_number_that_meets_a_float32_array_stays_numpys_float64():
+    "np.float64 * a float32 array is float64 (a Python float would keep it float32): the replay keeps NumPy's types."
+    f = lambda x, s: x * (np.sin(s) * 2.0)
+    fast = jit(f)
+    for _ in range(3):
+        got, want = fast(np.ones(3, np.float32), np.float64(0.5)), f(np.ones(3, np.float32), np.float64(0.5))
+        assert got.dtype == want.dtype == np.float64
+        np.testing.assert_array_equal(got, want)
