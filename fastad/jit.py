@@ -578,7 +578,7 @@ class Program:
                 live.update(_slots_in((op.args, op.kwargs), []))
         return keep[::-1]
 
-# %% ../nbs/03i_jit_machinery.ipynb #ea21dcbd
+# %% ../nbs/03i_jit_machinery.ipynb #7bfb8eb6
 @patch
 def _compile(self: Program, reuse=True):
     "The replay as one Python function: a flat list of calls on local variables, each buffer freed after its last use."
@@ -597,6 +597,8 @@ def _compile(self: Program, reuse=True):
         args, kwargs = _render(op.args, ns), _render(op.kwargs, ns)
         fn = op.fn
         if j in scalars: call = scalars[j].format(*[_render(a, ns) for a in op.args])
+        elif fn in _VIEWS and reuse and (view := self._view(op)) is not None:
+            ns[f"f{j}"] = view; call = f"f{j}({args[1:-1].rstrip(', ')})"
         elif fn is operator.getitem: call = f"{_render(op.args[0], ns)}[{_render(op.args[1], ns)}]"
         elif fn is operator.setitem:
             lines.append(f"    {_render(op.args[0], ns)}[{_render(op.args[1], ns)}] = {_render(op.args[2], ns)}")
@@ -652,6 +654,26 @@ def _scalars(self: Program):
     # a result that an op of another kind reads goes back to NumPy's float64 at once, so that it reads what it did
     return {j: _SCALAR_OPS[ops[j].fn] if all(r in chosen for r in readers.get(ops[j].outs[0], ()))
             else f"_f64({_SCALAR_OPS[ops[j].fn]})" for j in chosen}
+
+# %% ../nbs/03i_jit_machinery.ipynb #94b06212
+_VIEWS = {np.lib.stride_tricks.sliding_window_view, np.lib.stride_tricks.as_strided, np.broadcast_to}
+
+@patch
+def _view(self: Program, op):
+    """NumPy's window and broadcast views are Python functions that check their arguments on every call (tens of
+    µs for `sliding_window_view`); for the input the trace saw (its shape and strides) the view is known: made directly."""
+    if not op.args or type(op.args[0]) is not _Slot or len(op.outs) != 1: return None
+    x, r = self.values[op.args[0].i], self.values[op.outs[0]]
+    if type(x) is not np.ndarray or type(r) is not np.ndarray or _root(r) is not _root(x): return None
+    shape, strides, offset, writeable = r.shape, r.strides, r.ctypes.data - x.ctypes.data, r.flags.writeable
+    xshape, xstrides, fn = x.shape, x.strides, op.fn
+    if offset < 0 or x.base is not None and not x.flags.c_contiguous: return None
+    def view(a, *args, **kwargs):
+        if type(a) is not np.ndarray or a.shape != xshape or a.strides != xstrides: return fn(a, *args, **kwargs)
+        v = np.ndarray(shape, a.dtype, a, offset, strides)
+        if not writeable: v.flags.writeable = False
+        return v
+    return view
 
 # %% ../nbs/03i_jit_machinery.ipynb #1f18f311
 @patch
