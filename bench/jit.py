@@ -53,7 +53,8 @@ def one(workload, rounds, quick, profile):
     calls, per = contenders(workload, quick)
     for _ in range(3): expected, got = _leaves(calls['eager fastad']()), _leaves(calls['fd.jit']())   # traced twice, replayed
     for e, g in zip(expected, got):
-        if np.linalg.norm(e - g) > 1e-6 * np.linalg.norm(e) + 1e-12: raise SystemExit(f"{workload}: fd.jit disagrees with eager fastad")
+        if np.linalg.norm(e - g) > 1e-5 * np.linalg.norm(e) + 1e-12:     # float32 sums of 60,000 rows in another order: 3e-6
+            raise SystemExit(f"{workload}: fd.jit disagrees with eager fastad")
     for c in calls.values(): c()
     names = list(calls)
     times = {n: [] for n in names}

@@ -231,3 +231,18 @@ def test_a_number_that_meets_a_float32_array_stays_numpys_float64():
         got, want = fast(np.ones(3, np.float32), np.float64(0.5)), f(np.ones(3, np.float32), np.float64(0.5))
         assert got.dtype == want.dtype == np.float64
         np.testing.assert_array_equal(got, want)
+
+def test_a_training_step_replays_on_the_strict_device_backend():
+    "Nothing in the program reads a device array back to the host (the strict backend refuses it, as CuPy would)."
+    def run(fast):
+        with fd.use_backend('strict'):
+            A, r = fd.backend.asarray, np.random.default_rng(1)
+            model = fd.Sequential([fd.Dense(weight=A(r.normal(size=(4, 8))), bias=A(np.zeros(8)), activation=fd.relu),
+                                   fd.Dense(weight=A(r.normal(size=(8, 1))), bias=A(np.zeros(1)))])
+            opt, step = fd.Adam(model, 0.01), _step(lambda m, x, y: fd.mse(m(x), y))
+            if fast: step = jit(step)
+            losses = [step(model, opt, A(r.normal(size=(16, 4))), A(r.normal(size=(16, 1)))) for _ in range(5)]
+            assert all(type(l) is fd.strict.StrictArray for l in losses)
+            return [float(fd.to_host(l)) for l in losses], fd.to_host(model.layers[0].weight)
+    (eager_losses, eager_w), (jit_losses, jit_w) = run(False), run(True)
+    assert _close(jit_losses, eager_losses, 1e-12) and _close(jit_w, eager_w, 1e-12)
