@@ -5,7 +5,7 @@ import gc, threading
 import numpy as np
 import pytest
 import fastad as fd
-from fastad.engine import collector_tuned_for_tapes
+from fastad.logs_and_collector import collector_tuned_for_tapes
 import weakref
 
 def tuned(found): return (found[0] and max(found[0], 20_000), max(found[1], 100), max(found[2], 1 << 30))
