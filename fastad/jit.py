@@ -393,7 +393,7 @@ class _Tracing:
             if _patched_count == 0:
                 for name, f in _originals.items(): setattr(np, name, f)
 
-# %% ../nbs/03i_jit_machinery.ipynb #1e904ea0
+# %% ../nbs/03i_jit_machinery.ipynb #4cf2106f
 def _is_array(x):
     t = type(x)
     return t is np.ndarray or (isinstance(x, np.generic) and x.dtype.kind in 'biufc') or _backend.is_array(x)
@@ -425,30 +425,33 @@ class _Args:
         t = type(x)
         if t is np.ndarray: self.key.append((x.shape, x.dtype, x.strides)); self.leaves.append(x); return
         if counter: self.key.append('counter'); self.leaves.append(x); return
-        if t is tuple or t is list:
+        kind = _KINDS.get(t) or _KINDS.setdefault(t, _kind_of(x))
+        if kind == 'literal': self.key.append((t, x))
+        elif kind == 'sequence':
             self.key.append((t, len(x)))
             for o in x: self.walk(o)
-            return
-        if t in _LITERALS: self.key.append((t, x)); return
-        if _is_array(x): self.key.append((t, x.shape, x.dtype, getattr(x, 'strides', None))); self.leaves.append(x); return
-        if isinstance(x, tuple) and hasattr(x, '_fields'):
-            self.key.append((t, len(x)))
-            for o in x: self.walk(o)
-            return
-        if t is dict:
+        elif kind == 'array': self.key.append((t, x.shape, x.dtype, getattr(x, 'strides', None))); self.leaves.append(x)
+        elif kind == 'dict':
             self.key.append((t, tuple(x)))
             for o in x.values(): self.walk(o)
-            return
-        kind = _is_object(x)
-        if kind:
+        elif kind == 'static': self.key.append(_hashable(x))
+        else:                                           # a model or a stateful object
             k = self.seen.get(id(x))
             if k is not None: self.key.append(('again', k)); return
             self.seen[id(x)] = len(self.objs); self.objs.append(x)
             state = vars(x)
             self.key.append((t, tuple(state)))
             for name, v in state.items(): self.walk(v, type(v) is int and kind == 'state')
-            return
-        self.key.append(_hashable(x))
+
+_KINDS = {}
+def _kind_of(x):
+    "How the signature walk treats values of `x`'s type (worked out once per type)."
+    t = type(x)
+    if t in _LITERALS: return 'literal'
+    if t is tuple or t is list or (isinstance(x, tuple) and hasattr(x, '_fields')): return 'sequence'
+    if t is dict: return 'dict'
+    if _is_array(x): return 'array'
+    return _is_object(x) or 'static'
 
 def _hashable(x):
     try: hash(x); return x
@@ -578,7 +581,7 @@ class Program:
                 live.update(_slots_in((op.args, op.kwargs), []))
         return keep[::-1]
 
-# %% ../nbs/03i_jit_machinery.ipynb #7bfb8eb6
+# %% ../nbs/03i_jit_machinery.ipynb #1645051f
 @patch
 def _compile(self: Program, reuse=True):
     "The replay as one Python function: a flat list of calls on local variables, each buffer freed after its last use."
@@ -597,6 +600,7 @@ def _compile(self: Program, reuse=True):
         args, kwargs = _render(op.args, ns), _render(op.kwargs, ns)
         fn = op.fn
         if j in scalars: call = scalars[j].format(*[_render(a, ns) for a in op.args])
+        elif reuse and (fn is np.sum or fn is np.ndarray.sum) and (rows := self._row_sum(op, ns)) is not None: call = rows
         elif fn in _VIEWS and reuse and (view := self._view(op)) is not None:
             ns[f"f{j}"] = view; call = f"f{j}({args[1:-1].rstrip(', ')})"
         elif fn is operator.getitem: call = f"{_render(op.args[0], ns)}[{_render(op.args[1], ns)}]"
@@ -627,14 +631,14 @@ def _compile(self: Program, reuse=True):
     exec(compile(source, '<fd.jit program>', 'exec'), ns)
     return ns['replay'], source
 
-# %% ../nbs/03i_jit_machinery.ipynb #23cf15cd
+# %% ../nbs/03i_jit_machinery.ipynb #5997655b
 _SCALAR_OPS = {np.add: '{0} + {1}', np.subtract: '{0} - {1}', np.multiply: '{0} * {1}', np.negative: '-{0}',
                np.sin: '(_msin({0}) if -1e300 < {0} < 1e300 else _npsin({0}))',
                np.cos: '(_mcos({0}) if -1e300 < {0} < 1e300 else _npcos({0}))',
                np.exp: '(_mexp({0}) if {0} < 700.0 else _npexp({0}))', np.tanh: '_mtanh({0})',
                np.log: '(_mlog({0}) if {0} > 0.0 else _nplog({0}))'}
 _SCALAR_NAMES = dict(_msin=math.sin, _mcos=math.cos, _mexp=math.exp, _mtanh=math.tanh, _mlog=math.log, _npsin=np.sin,
-                     _npcos=np.cos, _npexp=np.exp, _nplog=np.log, _f64=np.float64)
+                     _npcos=np.cos, _npexp=np.exp, _nplog=np.log, _f64=np.float64, _summed_rows=lambda *a: _summed_rows(*a))
 
 @patch
 def _scalars(self: Program):
@@ -674,6 +678,29 @@ def _view(self: Program, op):
         if not writeable: v.flags.writeable = False
         return v
     return view
+
+# %% ../nbs/03i_jit_machinery.ipynb #ecc08db2
+def _summed_rows(g, ones, cols, shape, fallback):
+    "The sum of C-contiguous `g` over its leading axes as one matrix-vector product (`ones @ rows`), as eager fastad does."
+    if type(g) is not np.ndarray or not g.flags.c_contiguous: return fallback(g)
+    r = ones @ g.reshape(len(ones), cols)
+    return r if r.shape == shape else r.reshape(shape)
+
+@patch
+def _row_sum(self: Program, op, ns):
+    """`g.sum(axis=0)` (a bias's gradient) of a float matrix: NumPy adds the rows of a narrow matrix several times
+    slower than BLAS's matrix-vector product with a vector of ones, which eager fastad uses and the program keeps."""
+    if len(op.outs) != 1 or type(op.args[0]) is not _Slot: return None
+    axis = op.kwargs.get('axis', op.args[1] if len(op.args) > 1 else None)
+    if len(op.args) > 2 or set(op.kwargs) - {'axis'}: return None
+    g, r = self.values[op.args[0].i], self.values[op.outs[0]]
+    axes = (axis,) if type(axis) is int else axis
+    if (type(g) is not np.ndarray or g.dtype.char not in 'fd' or not g.size or not g.flags.c_contiguous or type(axes) is not tuple
+            or list(axes) != list(range(len(axes))) or not 0 < len(axes) < g.ndim): return None
+    rows = int(np.prod(g.shape[:len(axes)]))
+    name = f"rows{len(ns)}"
+    ns[name] = (np.ones(rows, g.dtype), g.size // rows, np.shape(r), lambda g: np.sum(g, axis=axes))
+    return f"_summed_rows({_render(op.args[0], ns)}, *{name})"
 
 # %% ../nbs/03i_jit_machinery.ipynb #1f18f311
 @patch
@@ -726,7 +753,7 @@ def _leaves_of(x):
         for o in x.values(): yield from _leaves_of(o)
     else: yield x
 
-# %% ../nbs/03i_jit_machinery.ipynb #739e4557
+# %% ../nbs/03i_jit_machinery.ipynb #3caf3520
 @patch
 def _trace(self: jit, args, parts):
     "Run `f` on Tracers: the program, and this call's result (the trace-time values: an eager call)."
@@ -750,11 +777,15 @@ def _trace(self: jit, args, parts):
         for name, v in vars(obj).items():
             if not (name in before and before[name] is v):
                 effects.append((k, name, _template(v, trace, objs), (id(obj), name) in counters))
+    rebound = None
     for x, k, old, attr in undo:                   # places the function left alone: the caller's arrays again
         now = vars(x).get(k) if attr else x[k]
         if type(now) is Tracer and now.slot in trace.inputs:
             if attr: object.__setattr__(x, k, old)
             else: x[k] = old
+        elif not attr and type(now) is Tracer: rebound = rebound or (x, k); x[k] = now.value
+    if rebound: raise JitError(f"fd.jit: the function put a new array into a list or dict it was given (at {rebound[1]!r}), "
+                               f"which a replay would not do: return the new value instead")
     for k, name, tpl, counter in effects:
         obj = parts.objs[k]; value = _concretized(getattr(obj, name))
         object.__setattr__(obj, name, int(value) if counter else value)

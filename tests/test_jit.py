@@ -246,3 +246,9 @@ def test_a_training_step_replays_on_the_strict_device_backend():
             return [float(fd.to_host(l)) for l in losses], fd.to_host(model.layers[0].weight)
     (eager_losses, eager_w), (jit_losses, jit_w) = run(False), run(True)
     assert _close(jit_losses, eager_losses, 1e-12) and _close(jit_w, eager_w, 1e-12)
+
+def test_rebinding_an_item_of_a_list_argument_is_refused():
+    def f(xs): xs[0] = xs[0] * 2; return xs[1]
+    xs = [np.ones(2), np.ones(2)]
+    with pytest.raises(JitError, match="list or dict it was given"): jit(f)(xs)
+    assert type(xs[0]) is np.ndarray                   # left as an eager call leaves it, never a traced array
