@@ -3,7 +3,7 @@ critical sections, leaves nothing behind: no log, no tape, no registration, the 
 import gc, linecache, sys
 import numpy as np, pytest
 import fastad as fd
-from fastad import engine, transforms
+from fastad import engine, transforms, logs_and_collector as logs
 import weakref
 from fastad import backend
 from fastad.primitives import REGISTRY
@@ -68,33 +68,33 @@ def in_the_exit(site):
     return '__exit__' in site[2]
 
 def test_an_interrupt_anywhere_in_trace_primitives_leaves_no_log_behind():
-    tp_cls = engine.trace_primitives
-    codes = code_of(tp_cls.__enter__, tp_cls.__exit__, part(tp_cls, '_open'), part(tp_cls, '_close'), engine._open_logs)
+    tp_cls = logs.trace_primitives
+    codes = code_of(tp_cls.__enter__, tp_cls.__exit__, part(tp_cls, '_open'), part(tp_cls, '_close'), logs._open_logs)
     def check_clean(tp, site):
-        assert (engine._log.get(), engine._logging) == (None, 0), site
-        assert not engine._open_blocks and not tp._blocks and tp.log.closed
+        assert (logs.LOG.get(), logs.opened) == (None, 0), site
+        assert not logs._open_blocks and not tp._blocks and tp.log.closed
     state = {}
     def block():
         state['tp'] = tp = fd.trace_primitives()
         with tp: pass
     def check(site):
         tp = state['tp']
-        if engine._log.get() is tp.log and in_the_exit(site):
-            assert engine._logging == 1 and len(tp._blocks) == 1     # whole: still open, nothing half undone
+        if logs.LOG.get() is tp.log and in_the_exit(site):
+            assert logs.opened == 1 and len(tp._blocks) == 1     # whole: still open, nothing half undone
             tp.__exit__(None, None, None)
         check_clean(tp, site)
     sites = each_interrupt(codes, block, check)
     assert {s[0] for s in sites} >= {'__enter__', '__exit__', '_open', '_close', '_open_logs'}, sites
 
 def test_an_interrupt_anywhere_in_collector_tuned_for_tapes_leaves_the_collector_as_it_was():
-    fcp = engine.collector_tuned_for_tapes
-    codes = code_of(fcp.__enter__, fcp.__exit__, part(engine, '_count_tapes'), part(engine, '_set_tapes'))
+    fcp = logs.collector_tuned_for_tapes
+    codes = code_of(fcp.__enter__, fcp.__exit__, part(logs, '_count_tapes'), part(logs, '_set_tapes'))
     threshold = gc.get_threshold()
     def check(site):
-        if engine._collector_users == 1 and in_the_exit(site):
+        if logs._collector_users == 1 and in_the_exit(site):
             assert gc.get_threshold() != threshold                      # whole: still tuned, and counted
-            engine.collector_tuned_for_tapes().__exit__(None, None, None)
-        assert engine._collector_users == 0 and gc.isenabled() and gc.get_threshold() == threshold, site
+            logs.collector_tuned_for_tapes().__exit__(None, None, None)
+        assert logs._collector_users == 0 and gc.isenabled() and gc.get_threshold() == threshold, site
     def block():
         with fcp(): pass
     sites = each_interrupt(codes, block, check)

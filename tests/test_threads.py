@@ -6,7 +6,7 @@ import pytest
 import fastad as fd
 import sys
 import contextvars
-from fastad import engine
+from fastad import engine, logs_and_collector as logs
 from fastad.errors import FastADError
 import time
 from fastad import backend
@@ -93,7 +93,7 @@ def test_one_trace_primitives_object_nests():
         with tp as inner: fd.gradient(np.sin, 1.0)
         fd.gradient(np.cos, 1.0)
     assert outer is inner and outer.count('forward') == 2 and outer.count('pullback') == 2
-    assert engine._log.get() is None and engine._logging == 0
+    assert logs.LOG.get() is None and logs.opened == 0
     with tp: fd.gradient(np.exp, 1.0)                      # used again later: it opens again
     assert tp.log.count('forward') == 3
 
@@ -120,7 +120,7 @@ def test_one_log_open_in_another_thread_is_refused():
         with pytest.raises(FastADError, match="open in another thread"):
             with tp: pass
     finally: done.set(); worker.join()
-    assert engine._logging == 0 and engine._log.get() is None
+    assert logs.opened == 0 and logs.LOG.get() is None
 
 
 # --- threads: each its own log and backend --------------------------------------------------------------------------
