@@ -393,7 +393,7 @@ class _Tracing:
             if _patched_count == 0:
                 for name, f in _originals.items(): setattr(np, name, f)
 
-# %% ../nbs/03i_jit_machinery.ipynb #4cf2106f
+# %% ../nbs/03i_jit_machinery.ipynb #e387bcca
 def _is_array(x):
     t = type(x)
     return t is np.ndarray or (isinstance(x, np.generic) and x.dtype.kind in 'biufc') or _backend.is_array(x)
@@ -413,6 +413,7 @@ def _is_counter(obj, v):
     "An int attribute of a stateful object (an optimizer's step count): traced, so that a new count is no new signature."
     return type(v) is int and _is_object(obj) == 'state'
 
+# %% ../nbs/03i_jit_machinery.ipynb #054e245b
 class _Args:
     "The arguments taken apart: the signature `key`, the array `leaves`, the models and optimizers `objs`, in one walk."
     def __init__(self, args, static):
