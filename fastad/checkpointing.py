@@ -13,8 +13,8 @@ import numpy as np
 from . import backend, engine, transforms, logs_and_collector as logs
 from .errors import ArgumentError, DifferentiationError
 from .primitives import Primitive
-from .transforms import (value_with_pullback, differentiable_function, _door, _one_or_all,
-                               _refuse_foreign_traces, rules_in_force, rules_restored)
+from .transforms import (value_with_pullback, differentiable_function, cotangent_door, one_or_all,
+                               refuse_foreign_traces, rules_in_force, rules_restored)
 from .tree import flatten, is_container
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #4639f9ff
@@ -214,9 +214,9 @@ def _recomputed_vjp(f, name, generators):
         "f's value, computed on plain values (nothing taped, nothing saved), and a pullback that runs f again."
         snapshot, rules = random_state(generators), rules_in_force()
         value = f(*args, **kwargs)
-        _refuse_foreign_traces(name, value, args)        # a traced value reached through a closure: refused now
+        refuse_foreign_traces(name, value, args)        # a traced value reached through a closure: refused now
         drawn = [s for s in snapshot if s.moved()]       # only the generators f drew from are kept, to replay
-        like, fingerprint = _door(value), _fingerprint(value)
+        like, fingerprint = cotangent_door(value), _fingerprint(value)
         def leaf_cotangents(g):
             if logs.opened: logs.record('forward', name)   # the recomputation is a second forward run of f
             with replaying(drawn), rules_restored(rules, first=_REPLAYS): again, cts = _recomputed(f, args, kwargs, like(g) if like else g)
@@ -239,7 +239,7 @@ def _recomputed_rules(recomputed_vjp):
         def cotangents(g):
             kept                                           # held: read by the recomputation (see above)
             return leaf_cotangents(g)
-        return value, lambda g: _one_or_all(cotangents(g))
+        return value, lambda g: one_or_all(cotangents(g))
     def vwc(*args, **kwargs):                              # each argument an array, a number, or a constant
         value, leaf_cotangents = recomputed_vjp(*args, **kwargs)
         is_leaf = [bool(flatten(a, static_ok=True)[0]) for a in args]
@@ -249,7 +249,7 @@ def _recomputed_rules(recomputed_vjp):
             kept                                           # held: read by the recomputation (see above)
             cts = iter(leaf_cotangents(g))
             return [next(cts) if leaf else None for leaf in is_leaf]
-        return value, lambda g: _one_or_all(per_argument(g))
+        return value, lambda g: one_or_all(per_argument(g))
     return vwc, structured_vwc
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #cB05b21
@@ -287,7 +287,7 @@ def with_recomputation_in_pullbacks(x, body, generators=()):
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #7c138b12
 import numbers, warnings
-from .errors import _whole_number
+from .errors import whole_number
 from .layers import Layer, sequenced, discards_with
 from .tree import nondifferentiable
 
@@ -350,7 +350,7 @@ def even_segments(n, k):
     return [(s, s + size, True) for s, size in zip(starts, sizes)]
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #c5c00015
-from .planner import LayerCost, measure_layers, estimate, plan_for_budget, _plain, _margin, _best_plan, _smallest_peak
+from .planner import LayerCost, measure_layers, estimate, plan_for_budget, unrecorded, margin_bytes, best_plan, smallest_peak
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #cB05c09
 class BudgetWarning(UserWarning):
@@ -358,7 +358,7 @@ class BudgetWarning(UserWarning):
 
 def _input_key(x):
     "What a budget plan depends on: the shapes and dtypes of the input's arrays."
-    return tuple((np.shape(l), str(getattr(l, 'dtype', type(l).__name__))) for l in flatten(_plain(x), static_ok=True)[0])
+    return tuple((np.shape(l), str(getattr(l, 'dtype', type(l).__name__))) for l in flatten(unrecorded(x), static_ok=True)[0])
 
 # %% ../nbs/07d_checkpointing_machinery.ipynb #cB05c13
 class CheckpointPlan:
@@ -383,10 +383,10 @@ class CheckpointPlan:
         self.costs, self.segments = self.plans[key]
         return self.segments
     def _plan(self, costs, key):
-        margin = _margin(costs) if self.margin is None else self.margin
-        segments = _best_plan(costs, self.budget, margin)
+        margin = margin_bytes(costs) if self.margin is None else self.margin
+        segments = best_plan(costs, self.budget, margin)
         if segments is None:
-            segments, peak = _smallest_peak(costs, margin)
+            segments, peak = smallest_peak(costs, margin)
             shapes = ', '.join(str(s) for s, _ in key)
             warnings.warn(f"checkpoint_sequential: no plan that recomputes each layer at most once fits in "
                           f"{self.budget:,} bytes for an input of shape {shapes}; the smallest peak possible is about "
@@ -414,7 +414,7 @@ def checkpoint_sequential(layers, segments=None, budget=None, generators=()):
     if (segments is None) == (budget is None):
         raise ArgumentError("checkpoint_sequential: give either segments (how many) or budget (bytes), not both or neither")
     for name, v in (('segments', segments), ('budget', budget)):
-        if v is not None: _whole_number('checkpoint_sequential', name, v)
+        if v is not None: whole_number('checkpoint_sequential', name, v)
     if segments is not None and segments > len(layers):
         raise ArgumentError(f"checkpoint_sequential: {segments} segments for {len(layers)} layers; use at most {len(layers)}")
     if not isinstance(generators, (tuple, list)):

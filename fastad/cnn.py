@@ -11,7 +11,7 @@ import functools, math, numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, default_rng, get_backend, is_array, zeros
-from .errors import ArgumentError, ShapeError, _is_whole
+from .errors import ArgumentError, ShapeError, is_whole
 from .layers import Layer
 from .primitives import Primitive, defvwc
 from .engine import Traced, unbox
@@ -40,7 +40,7 @@ def _pair(op, name, value):
     if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int \
             and value[0] > 0 and value[1] > 0: return value       # already checked: a layer rebuilt for a gradient
     pair = (value, value) if isinstance(value, numbers.Integral) else tuple(value) if isinstance(value, (tuple, list)) else None
-    if pair is None or len(pair) != 2 or not all(_is_whole(v) for v in pair):
+    if pair is None or len(pair) != 2 or not all(is_whole(v) for v in pair):
         raise ArgumentError(f"{op}: {name} must be two positive whole numbers (height, width), got {value!r}")
     return tuple(int(v) for v in pair)
 
@@ -309,7 +309,7 @@ def glorot_uniform(shape, fan_in, fan_out, rng=None):
     return asarray((rng.random(shape, dtype=np.float32) * 2 - 1) * limit)
 
 def _filter_shape(shape):
-    if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and all(_is_whole(v) for v in shape)):
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and all(is_whole(v) for v in shape)):
         raise ArgumentError(f"Conv2D: filter_shape must be four positive whole numbers (height, width, in channels, "
                             f"out channels), got {shape!r}")
     return tuple(int(v) for v in shape)

@@ -9,9 +9,9 @@ __all__ = ['TapeEntry', 'TapeListing', 'tape_of', 'draw']
 import functools, inspect
 import numpy as np
 from .backend import is_array, to_host
-from .engine import Recording, Traced, Outputs, unbox, _zeros
-from .tree import flatten, is_leaf, is_container, _labelled
-from .errors import DifferentiationError, MissingExtraError, _name
+from .engine import Recording, Traced, Outputs, unbox, zeros_like_output
+from .tree import flatten, is_leaf, is_container, labelled_items
+from .errors import DifferentiationError, MissingExtraError, name_of
 
 # %% ../nbs/03e_draw.ipynb #b72fef7d
 class TapeEntry:
@@ -67,7 +67,7 @@ def _input_labels(f, args):
     def labels(x, where):
         if is_leaf(x): return [where]
         if not is_container(x): return []
-        return [l for label, v, d in _labelled(x, where) if d for l in labels(v, label)]
+        return [l for label, v, d in labelled_items(x, where) if d for l in labels(v, label)]
     return [l for i, a in enumerate(args)
             for l in labels(a, names[i] if i < len(names) and not names[i].startswith('*') else f'argument {i}')]
 
@@ -82,7 +82,7 @@ def _shape_sweep(tape, seeds):
                 got = [cts.pop(k, None) for k in range(i, i + len(entry.specs))]
                 if all(c is None for c in got): continue
                 shapes.update((i + k, tuple(np.shape(c))) for k, c in enumerate(got) if c is not None)
-                g = tuple(_zeros(s) if c is None else c for c, s in zip(got, entry.specs))
+                g = tuple(zeros_like_output(s) if c is None else c for c, s in zip(got, entry.specs))
             elif type(entry) is int or i not in cts: continue   # a later output: its entry, further down, takes it
             else:
                 g = cts.pop(i)
@@ -103,7 +103,7 @@ def _places(parents):
 def tape_of(f, *args):
     """Record `f(*args)` as fastad's transforms do and return its tape: a numbered program of inputs and primitives,
     each with its parents, its shape, and the arrays its chain saved (scalars left out). (It runs the pullback once, to learn the shapes.)"""
-    name = _name(f)
+    name = name_of(f)
     primals, rebuild = flatten(args, where='argument', arguments=True)
     recording = Recording()
     try: out = f(*rebuild([recording.new_input(p) for p in primals]))

@@ -43,15 +43,17 @@ class MissingExtraError(FastADError, ImportError):
 # %% ../nbs/90_errors.ipynb #e7d1a002
 import numbers
 
-def _name(f):
+def name_of(f):
     "The name of function `f` for messages: its `__name__`, or its type's name (a callable object, a `partial`)."
     return getattr(f, '__name__', type(f).__name__)
 
-def _is_whole(value, least=1):
+def is_whole(value, least=1):
     "Is `value` a whole number (a Python or NumPy integer, not a bool) of `least` or more?"
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
 
-def _whole_number(op, name, value, least=1):
+def whole_number(op, name, value, least=1):
     "`value` as an int, or an ArgumentError saying that `op`'s argument `name` must be a whole number of `least` or more."
-    if not _is_whole(value, least): raise ArgumentError(f"{op}: {name} must be a whole number of {least} or more, got {value!r}")
+    if not is_whole(value, least): raise ArgumentError(f"{op}: {name} must be a whole number of {least} or more, got {value!r}")
     return int(value)
+
+_is_whole, _whole_number = is_whole, whole_number   # the names fastad.backend and fastad.training import

@@ -9,19 +9,19 @@ __all__ = ['value_with_differential', 'differential', 'jacobian', 'hessian', 'he
 import inspect, linecache, os, sys, traceback
 import numpy as np
 from .backend import array_module
-from .primitives import _module_under
+from .primitives import array_module_under
 from .engine import Traced, backward, unbox
-from .errors import DifferentiationError, NonScalarOutputError, _name
+from .errors import DifferentiationError, NonScalarOutputError, name_of
 from .tree import flatten, leaves_like, is_container
 from .transforms import (value_with_pullback, gradient, value_with_gradient, without_derivative,
-                               _differentiated, _zeros_like, _value_with_pullback)
+                               with_argnums, zero_cotangent, value_with_pullback_core)
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d00007
 _TINY = 2.0 ** -30                  # near zero for a hook linear only there, far from underflow in float32
 
 def _generic(leaf):
     "A cotangent for `leaf` with no zero entry (each tiny, in 2**-30 * [1, 2), all different); zeros for an integer leaf."
-    zero = _zeros_like(leaf)
+    zero = zero_cotangent(leaf)
     if type(zero) is float: return _TINY
     if zero.dtype.kind not in 'fc': return zero
     scale = max(_TINY, 2.0 ** (np.finfo(zero.dtype).minexp // 2))      # float16: 2**-7, well above its underflow
@@ -70,9 +70,9 @@ def value_with_differential(f, *args, argnums=None):
     `argnums` picks), is the Jacobian-vector product, the tangent of the result (forward mode). Built from the
     pullback, which is linear in its cotangent: the pullback of the pullback is its transpose, the differential.
     Exact only for pullbacks linear in their cotangent; a hook linear only near zero (clipping) is taken on zero's side."""
-    f, args, _ = _differentiated('value_with_differential', f, args, argnums)
-    value, pb = _value_with_pullback(f, args, once=True)   # run once, below: each tape entry is freed as it runs
-    name = _name(f)
+    f, args, _ = with_argnums('value_with_differential', f, args, argnums)
+    value, pb = value_with_pullback_core(f, args, once=True)   # run once, below: each tape entry is freed as it runs
+    name = name_of(f)
     def transposed(u):
         without_derivative(u)             # f's own pass warned already if its result does not depend on args
         return pb(u)
@@ -105,7 +105,7 @@ def _one_hots(leaf):
     if type(leaf) is float:
         yield 1.0
         return
-    module, size = _module_under(leaf), int(np.size(leaf))     # a traced leaf: its value's module
+    module, size = array_module_under(leaf), int(np.size(leaf))     # a traced leaf: its value's module
     for i in range(size):
         e = module.zeros(size, dtype=leaf.dtype)
         e[i] = 1
@@ -113,7 +113,7 @@ def _one_hots(leaf):
 
 def _basis(leaves, rebuild):
     "The basis of a structure's space: for each leaf, its one-hots with every other leaf zero."
-    zeros = [_zeros_like(leaf) for leaf in leaves]
+    zeros = [zero_cotangent(leaf) for leaf in leaves]
     for k, leaf in enumerate(leaves):
         for e in _one_hots(leaf):
             yield rebuild(zeros[:k] + [e] + zeros[k + 1:])
@@ -125,8 +125,8 @@ def _block(parts, out_leaf, in_leaf, by_rows):
     out_shape, in_shape = np.shape(out_leaf), np.shape(in_leaf)
     dtype = np.result_type(getattr(out_leaf, 'dtype', 0.0), getattr(in_leaf, 'dtype', 0.0))
     if not parts:                                        # an empty leaf: no rows (columns), zeros on the leaves' device
-        module = _module_under(out_leaf)
-        return (module if module is not np else _module_under(in_leaf)).zeros(out_shape + in_shape, dtype)
+        module = array_module_under(out_leaf)
+        return (module if module is not np else array_module_under(in_leaf)).zeros(out_shape + in_shape, dtype)
     if not by_rows: parts = [np.reshape(p, (-1,)) for p in parts]
     block = np.stack(parts)
     if by_rows: block = np.reshape(block, out_shape + in_shape)
@@ -139,8 +139,8 @@ def jacobian(f, *args, argnums=None):
     """The Jacobian of `f` at `args`: output axes, then input axes (JAX's layout). By rows (one pullback per output
     element) when the output is no larger than the input, else by columns (one differential per input element).
     For structures, a structure like the result of structures like the arguments (a tuple when there are several)."""
-    name = _name(f)
-    f, picked, shaped = _differentiated('jacobian', f, args, argnums)
+    name = name_of(f)
+    f, picked, shaped = with_argnums('jacobian', f, args, argnums)
     if not picked: raise DifferentiationError(f"jacobian: no arguments given to differentiate {name} at")
     in_leaves, rebuild_in = flatten(picked, where='argument', arguments=True)
     value, pb = value_with_pullback(f, *picked)
@@ -174,7 +174,7 @@ def hessian(f, *args, argnums=None):
     """The Hessian of `f` at `args`: for a scalar `f`, the Jacobian of its gradient (reverse over reverse), input
     axes twice; else the Jacobian of its Jacobian, output axes first. With several arguments (or a tuple
     `argnums`), a tuple of tuples of blocks, as in JAX."""
-    name, larger = _name(f), []
+    name, larger = name_of(f), []
     def noted(*xs):
         out = f(*xs)
         larger.append(is_container(out) or np.ndim(out) != 0)
@@ -206,7 +206,7 @@ def hessian_vector_product(f, x, v):
             raise DifferentiationError(f"hessian_vector_product: v has shape {np.shape(part)} where x has shape "
                                        f"{np.shape(leaf)}: v is shaped like x")
     def twice(): return gradient(lambda x: _vdot(gradient(f, x), vs), x)
-    return _on_traced_cotangents(f"hessian_vector_product of {_name(f)}", "it runs each pullback on a traced "
+    return _on_traced_cotangents(f"hessian_vector_product of {name_of(f)}", "it runs each pullback on a traced "
                                  "cotangent (reverse over reverse)", "", twice)
 
 # %% ../nbs/03f_forward_mode.ipynb #f0d0001f

@@ -11,7 +11,7 @@ import operator
 import numpy as np
 from .errors import DifferentiationError, ArgumentError, ShapeError
 from .primitives import Primitive, defvwc, unbroadcast, NONDIFFERENTIABLE
-from .primitives import _module_under
+from .primitives import array_module_under
 from .primitives import register_adapters
 from .backend import np2, in_this_numpy, solve_takes_vectors   # NumPy's versions
 
@@ -22,7 +22,7 @@ def _T(x): return np.swapaxes(x, -1, -2)
 
 def _on_cupy(a):
     "Is `a` a CuPy array? Its linalg lacks some of NumPy's keywords (`hermitian`, `upper`), which fastad then does itself."
-    return _module_under(a).__name__ == 'cupy'
+    return array_module_under(a).__name__ == 'cupy'
 
 def _only_if(**options):
     "The options given other than their defaults (None, False), as keywords: CuPy's linalg takes no `hermitian`, nor `rcond=None`."
@@ -30,7 +30,7 @@ def _only_if(**options):
 
 def _eye(x, dtype=None):
     "The identity matrix as wide as the last axis of `x`, in x's array module (and dtype)."
-    return _module_under(x).eye(np.shape(x)[-1], dtype=dtype or np.result_type(x))
+    return array_module_under(x).eye(np.shape(x)[-1], dtype=dtype or np.result_type(x))
 
 def _diag(d): return d[..., None] * _eye(d)          # a stack of vectors -> a stack of diagonal matrices
 
@@ -78,7 +78,7 @@ def _cofactors(a, det):
     determinant of a minor (n² of them): exact, and differentiable again, at singular matrices too."""
     if not _singular(a): return det[..., None, None] * _T(np.linalg.inv(a))
     n = np.shape(a)[-1]
-    xp = _module_under(a)
+    xp = array_module_under(a)
     keep = xp.asarray([[k for k in range(n) if k != i] for i in range(n)], dtype=np.int64).reshape(n, max(n - 1, 0))
     minors = a[..., keep[:, None, :, None], keep[None, :, None, :]]          # [..., i, j]: without row i, column j
     signs = xp.asarray((-1.0) ** np.add.outer(np.arange(n), np.arange(n)))
@@ -171,7 +171,7 @@ def svd_vwc(a, *, full_matrices=True, hermitian=False):
     m, n = np.shape(a)[-2:]
     k = min(m, n)
     def chain(gs):
-        if k == 0: return _module_under(a).zeros(np.shape(a), dtype=np.result_type(_value(a)))   # an empty matrix: nothing to send back
+        if k == 0: return array_module_under(a).zeros(np.shape(a), dtype=np.result_type(_value(a)))   # an empty matrix: nothing to send back
         gu, gs_, gvh = gs
         if full_matrices and (np.any(gu[..., :, k:] != 0) or np.any(gvh[..., k:, :] != 0)):
             raise DifferentiationError("numpy.linalg.svd: with full_matrices=True, the extra columns of u (rows of vh) "

@@ -10,16 +10,16 @@ import numbers
 import numpy as np
 from . import backend
 from .backend import array_module, asarray, random_normal, ones, zeros
-from .errors import ArgumentError, ShapeError, _is_whole, _whole_number
+from .errors import ArgumentError, ShapeError, is_whole, whole_number
 from .layers import Layer
-from .primitives import _module_under
-from .tree import Differentiable, nondifferentiable, stores_its_fields, is_container, items, _fields_of
+from .primitives import array_module_under
+from .tree import Differentiable, nondifferentiable, stores_its_fields, is_container, items, fields_of
 
 # %% ../nbs/03k_more_layers.ipynb #b03k0006
 def _features(op, features):
     "`features` (a whole number, or a tuple of them) as a shape tuple."
-    shape = (features,) if _is_whole(features) else features
-    if not (isinstance(shape, (tuple, list)) and shape and all(_is_whole(n) for n in shape)):
+    shape = (features,) if is_whole(features) else features
+    if not (isinstance(shape, (tuple, list)) and shape and all(is_whole(n) for n in shape)):
         raise ArgumentError(f"{op}: features must be the size of the last axis (a positive whole number), or a tuple "
                             f"of the sizes of the last axes to normalise, got {features!r}")
     return tuple(int(n) for n in shape)
@@ -77,7 +77,7 @@ class Dropout(Layer):
         if not self.training or self.p == 0: return x
         if self.p == 1: return x * 0                        # PyTorch's answer too (1 / (1 - p) would make 0 * inf)
         rng = self.rng if self.rng is not None else backend._rng.setdefault(backend.get_backend(), backend.default_rng())
-        keep, module = rng.random(np.shape(x), dtype=np.float32) >= self.p, _module_under(x)
+        keep, module = rng.random(np.shape(x), dtype=np.float32) >= self.p, array_module_under(x)
         if array_module(keep) is not module:            # a generator of another device than x's: the mask moved, explicitly
             keep = backend.to_host(keep) if module is np else module.asarray(backend.to_host(keep))
         return x * (keep * (1 / (1 - self.p))).astype(getattr(x, 'dtype', np.float64))
@@ -103,7 +103,7 @@ def set_training(model, training=True):
 def _switch(x, training, seen):
     if not is_container(x) or id(x) in seen: return
     seen.add(id(x))
-    if isinstance(x, Differentiable) and 'training' in _fields_of(type(x)).names:
+    if isinstance(x, Differentiable) and 'training' in fields_of(type(x)).names:
         object.__setattr__(x, 'training', training)
     for _, v in items(x): _switch(v, training, seen)
 
@@ -116,7 +116,7 @@ class Embedding(Layer):
 
     def __init__(self, count=None, size=None, *, weight=None, rng=None, dtype=np.float32):
         if weight is None:
-            count, size = _whole_number('Embedding', 'count', count), _whole_number('Embedding', 'size', size)
+            count, size = whole_number('Embedding', 'count', count), whole_number('Embedding', 'size', size)
             weight = random_normal((count, size), dtype=dtype, rng=rng)
         elif count is not None or size is not None:
             raise ArgumentError("Embedding: give count and size (a new table), or weight (yours), not both")
@@ -133,6 +133,6 @@ class Embedding(Layer):
         if array_module(indices) is np and indices.size and not (0 <= indices.min() and indices.max() < count):
             bad = indices[(indices < 0) | (indices >= count)].flat[0]
             raise ArgumentError(f"Embedding: index {bad} is outside the table's rows 0..{count - 1}")
-        module = _module_under(self.weight)
+        module = array_module_under(self.weight)
         if array_module(indices) is not module: indices = module.asarray(backend.to_host(indices))   # the table's device
         return self.weight[indices]

@@ -15,8 +15,8 @@ __all__ = ['norm2', 'diagonal_scatter', 'window_sum', 'put_along_axis', 'log2_vw
 import math
 import numpy as np
 from .errors import DifferentiationError, NoDerivativeError, ShapeError
-from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, _expand, _half, _shared_chains, _select
-from .primitives import _module_under
+from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, expand_reduced, half_like, shared_chains, select_where
+from .primitives import array_module_under
 from .backend import sliding_window_view
 
 # %% ../nbs/03a1_more_primitives.ipynb #brc6c27f
@@ -128,7 +128,7 @@ def rad2deg_vwc(x):
 def nan_to_num_vwc(x, *, copy=True, nan=0.0, posinf=None, neginf=None):
     "NaN and infinities replaced by constants: the cotangent passes only where x was finite."
     finite = np.isfinite(x)
-    return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf), lambda g: _select(finite, g)   # not g * finite: inf * 0 is NaN
+    return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf), lambda g: select_where(finite, g)   # not g * finite: inf * 0 is NaN
 
 # %% ../nbs/03a1_more_primitives.ipynb #brd9a9d6
 @defvwc(np.arctan2, broadcasts=True, group='elementwise',
@@ -168,17 +168,17 @@ def _nan_shares(twice, x, y):
 def fmax_vwc(x, y):
     "Like maximum, but a NaN is ignored; a tie splits the cotangent ½/½."
     ans = np.fmax(x, y)
-    half = _half(ans)
+    half = half_like(ans)
     twice = _nan_shares(np.add(x >= y, x > y, dtype=np.int8), x, y)
-    return ans, _shared_chains(twice, half)
+    return ans, shared_chains(twice, half)
 
 @defvwc(np.fmin, broadcasts=True, group='arithmetic', domain='elementwise odd even: no ties')
 def fmin_vwc(x, y):
     "Elementwise minimum ignoring NaN: g to the smaller operand, split ½/½ at ties."
     ans = np.fmin(x, y)
-    half = _half(ans)
+    half = half_like(ans)
     twice = _nan_shares(np.add(x <= y, x < y, dtype=np.int8), x, y)
-    return ans, _shared_chains(twice, half)
+    return ans, shared_chains(twice, half)
 
 @defvwc(np.float_power, broadcasts=True, group='arithmetic', domain='elementwise positive real: a base in [0.5, 2]')
 def float_power_vwc(x, y):
@@ -216,7 +216,7 @@ def prod_vwc(x, *, axis=None, keepdims=False):
     "The product; each element's slope is the product of the others, found without dividing by zero."
     shape, ans, zero = np.shape(x), np.prod(x, axis=axis, keepdims=keepdims), np.equal(x, 0)
     def chain(g):
-        if not np.any(zero): return _expand(g, shape, axis, keepdims) * (_expand(ans, shape, axis, keepdims) / x)
+        if not np.any(zero): return expand_reduced(g, shape, axis, keepdims) * (expand_reduced(ans, shape, axis, keepdims) / x)
         safe = np.where(zero, 1, x)
         rest = np.prod(safe, axis=axis, keepdims=True)             # the product of the nonzero elements
         zeros = np.sum(zero, axis=axis, keepdims=True)
@@ -225,7 +225,7 @@ def prod_vwc(x, *, axis=None, keepdims=False):
         of_zeros = np.prod(np.where(zero, x, 1), axis=axis, keepdims=True)
         other_zero = np.sum(np.where(zero, x, 0), axis=axis, keepdims=True) - x
         slope = np.where(zero, rest * np.where(zeros == 1, 1, np.where(zeros == 2, other_zero, 0)), rest / safe * of_zeros)
-        return _expand(g, shape, axis, keepdims) * slope
+        return expand_reduced(g, shape, axis, keepdims) * slope
     return ans, chain
 
 # %% ../nbs/03a1_more_primitives.ipynb #br3sc001
@@ -246,7 +246,7 @@ def cumprod_vwc(x, *, axis):
     def chain(g):
         if not np.any(np.equal(x, 0)): return _rcumsum(g * ans, axis) / x
         xm, gm = np.moveaxis(x, axis, -1), np.moveaxis(g, axis, -1)
-        n, xp = xm.shape[-1], _module_under(x)
+        n, xp = xm.shape[-1], array_module_under(x)
         without = np.cumprod(np.where(xp.eye(n, dtype=bool), 1, xm[..., None, :]), axis=-1)   # [j, i]: prod_{k<=i, k!=j}
         later = xp.triu(xp.ones((n, n), dtype=bool))                                           # [j, i]: i >= j
         return np.moveaxis(np.sum(without * np.where(later, gm[..., None, :], 0), axis=-1), -1, axis)
@@ -258,9 +258,9 @@ def norm2_vwc(x, *, axis=None, keepdims=False):
     "The Euclidean (Frobenius) norm over `axis`; at 0 its gradient is 0, a subgradient at the cone's tip."
     ans = np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims))
     def chain(g):
-        s = _expand(ans, np.shape(x), axis, keepdims)
+        s = expand_reduced(ans, np.shape(x), axis, keepdims)
         positive = s > 0
-        return np.where(positive, _expand(g, np.shape(x), axis, keepdims) * (x / np.where(positive, s, 1)), 0)
+        return np.where(positive, expand_reduced(g, np.shape(x), axis, keepdims) * (x / np.where(positive, s, 1)), 0)
     return ans, chain
 
 norm2 = norm2_vwc.primitive
@@ -302,7 +302,7 @@ def diagonal_scatter_vwc(d, *, shape, offset=0, axis1=0, axis2=1):
     "Zeros of `shape` with `d` on the diagonal that `np.diagonal(_, offset, axis1, axis2)` reads: its transpose."
     chain = lambda h: np.diagonal(h, offset, axis1, axis2)
     if _traced(d): return diagonal_scatter(d, shape=shape, offset=offset, axis1=axis1, axis2=axis2), chain
-    xp, nd = _module_under(d), len(shape)
+    xp, nd = array_module_under(d), len(shape)
     a1, a2 = axis1 % nd, axis2 % nd
     rest = [s for i, s in enumerate(shape) if i not in (a1, a2)]
     out = xp.zeros((*rest, shape[a1], shape[a2]), dtype=np.result_type(d))
@@ -335,7 +335,7 @@ def window_sum_vwc(g, *, shape, window_shape, axis):
     window: 5 adds, then 5 of a smaller array, not 25 of the whole: about twice as fast)."""
     chain = lambda h: sliding_window_view(h, window_shape, axis)
     if _traced(g): return window_sum(g, shape=shape, window_shape=window_shape, axis=axis), chain
-    xp, dtype = _module_under(g), np.result_type(g)
+    xp, dtype = array_module_under(g), np.result_type(g)
     if not window_shape: return g.copy(), chain
     for a, w in reversed(tuple(zip(axis, window_shape))):    # g's last axis: a position in the window along axis a
         target = list(np.shape(g)[:-1])
@@ -354,7 +354,7 @@ window_sum = window_sum_vwc.primitive
 def put_along_axis_vwc(arr, values, *, indices, axis):
     """`np.put_along_axis` as a new array: `arr` with `values` written at `indices` along `axis`. The
     overwritten elements of `arr` get no cotangent; each value that stays gets the cotangent of its place."""
-    xp, shape, vshape = _module_under(arr), np.shape(arr), np.shape(values)
+    xp, shape, vshape = array_module_under(arr), np.shape(arr), np.shape(values)
     index = _along_axis_index(xp, shape, indices, axis)   # the writes: `indices` along `axis`, each place along the others
     grid = np.broadcast_shapes(*(np.shape(i) for i in index))
     ids = xp.arange(math.prod(grid)).reshape(grid)    # the writes, numbered in the order NumPy makes them
@@ -362,7 +362,7 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
     if xp is np: np.put_along_axis(writer, indices, ids, axis)   # NumPy's scatter keeps the last of repeated writes;
     else: xp.maximum.at(writer, index, ids)           # CuPy's keeps any one of them, so the last is picked explicitly
     kept = np.take_along_axis(writer, indices, axis) == ids     # a value overwritten by a repeated index has no slope
-    chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(_select(kept, np.take_along_axis(g, indices, axis)), vshape))
+    chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(select_where(kept, np.take_along_axis(g, indices, axis)), vshape))
     if _traced(arr) or _traced(values): return put_along_axis(arr, values, indices=indices, axis=axis), chains
     if xp is np or not ids.size:
         out = arr.copy()

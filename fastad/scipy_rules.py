@@ -14,7 +14,7 @@ import importlib, importlib.abc, importlib.util, math, sys, threading, warnings
 import numpy as np
 from .engine import unbox
 from .errors import ArgumentError, NoDerivativeError, ShapeError
-from .primitives import unbroadcast, as_mask, _module_under
+from .primitives import unbroadcast, as_mask, array_module_under
 from .transforms import derivative, value_with_pullback
 from . import dispatch
 
@@ -301,7 +301,7 @@ def _squeezed(out):
 def _mvn_logpdf(x, mean=None, cov=1, allow_singular=False):
     "log N(x; mean, cov) through the Cholesky factor L of cov: -(d log 2π + 2 Σ log Lᵢᵢ + |L⁻¹(x - mean)|²) / 2."
     d = np.shape(mean)[-1] if np.ndim(mean) == 1 else np.shape(cov)[0] if np.ndim(cov) >= 1 else 1
-    xp = _module_under(x)
+    xp = array_module_under(x)
     if np.ndim(cov) == 0: cov = cov * xp.eye(d)
     elif np.ndim(cov) == 1: cov = cov * xp.eye(d)            # the variances on the diagonal
     if np.ndim(x) == 0: x = np.reshape(x, (1, 1))
@@ -405,7 +405,7 @@ def expm_vjp(A):
     n = np.shape(A)[-1]
     def pullback(g):
         At = _mT(A)
-        zeros = _module_under(At).zeros(np.shape(At), dtype=np.result_type(unbox(At)))
+        zeros = array_module_under(At).zeros(np.shape(At), dtype=np.result_type(unbox(At)))
         block = np.concatenate([np.concatenate([At, g], axis=-1), np.concatenate([zeros, At], axis=-1)], axis=-2)
         return _linalg.expm(block)[..., :n, n:]
     return _linalg.expm(A), pullback

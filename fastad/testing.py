@@ -9,8 +9,8 @@ __all__ = ['test_near_zero', 'test_same', 'numerical_gradient', 'grade', 'check_
 import numpy as np
 from fastcore.test import test_close
 from .backend import to_host, array_module
-from .errors import ArgumentError, _name
-from .tree import flatten, leaves_like, is_leaf, is_container, _labelled
+from .errors import ArgumentError, name_of
+from .tree import flatten, leaves_like, is_leaf, is_container, labelled_items
 
 # %% ../nbs/90d_testing.ipynb #f7db25b5
 def test_near_zero(a, tol=1e-3):
@@ -46,7 +46,7 @@ def _scalar(out, name):
 def numerical_gradient(f, *args, eps=1e-6):
     """The gradient of scalar `f` at `args` by central differences in float64, shaped like `args` (a tuple when
     there are several), as `fastad.gradient` returns it. Any structure of floats and arrays (`fastad.tree`)."""
-    name = _name(f)
+    name = name_of(f)
     leaves, rebuild = flatten(args, where='argument', arguments=True)
     leaves = [_float64(l) for l in leaves]
     grads = []
@@ -79,7 +79,7 @@ def _labels(x, where):
     "The labels of the differentiable leaves of `x`, in the order `tree.flatten` walks them."
     if is_leaf(x): return [where]
     if not is_container(x): return []
-    return [l for label, v, d in _labelled(x, where) if d for l in _labels(v, label)]
+    return [l for label, v, d in labelled_items(x, where) if d for l in _labels(v, label)]
 
 def _chain_cotangents(chain, v, n, name):
     "The cotangents `chain` gives for `v`: one per argument, whichever of the two chain forms it has."
@@ -97,7 +97,7 @@ def _chain_cotangents(chain, v, n, name):
 def check_vwc(vwc, *args, f=None, eps=1e-6, tol=1e-5, trials=2, seed=0):
     """Assert that `vwc(*args)` returns `(value, chain)`, with the value of `f(*args)` when `f` is given, and a
     chain giving the cotangents that float64 central differences give, for random cotangents. Returns the worst error."""
-    name = _name(vwc)
+    name = name_of(vwc)
     leaves, rebuild = flatten(args, where='argument', arguments=True)
     labels = [l for i, a in enumerate(args) for l in _labels(a, f'argument {i}')]
     args64 = rebuild([_float64(l) for l in leaves])

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 import numpy as np
 from .backend import synchronize
-from .errors import ArgumentError, _whole_number
+from .errors import ArgumentError, whole_number
 
 # %% ../nbs/90c_timing.ipynb #7d8d31bb
 @dataclass
@@ -26,7 +26,7 @@ class Timing:
 def timed(f, repeat=10, warmup=1, label=None, quiet=False):
     "Time `f()` over `repeat` runs after `warmup` runs; print average, min and max (ms) unless `quiet`."
     if not callable(f): raise ArgumentError(f"timed: f must be a function to call, got {type(f).__name__}")
-    repeat, warmup = _whole_number('timed', 'repeat', repeat), _whole_number('timed', 'warmup', warmup, least=0)
+    repeat, warmup = whole_number('timed', 'repeat', repeat), whole_number('timed', 'warmup', warmup, least=0)
     for _ in range(warmup): f()
     synchronize()
     t = Timing()

@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['Differentiable', 'nondifferentiable', 'is_container', 'items', 'rebuilt', 'map_structure', 'stores_its_fields',
-           'fields_of', 'is_leaf', 'flatten', 'leaves_like', 'tree_map']
+           'fields_of', 'is_traced_value', 'has_traced', 'is_leaf', 'type_description', 'labelled_items', 'flatten',
+           'leaves_like', 'tree_map']
 
 # %% ../nbs/03c_tree.ipynb #ee1056ad
 import copy, dataclasses, inspect, numbers, weakref
@@ -146,11 +147,15 @@ def fields_of(cls):
     if fields is None: _FIELDS[cls] = fields = _Fields(cls)
     return fields
 
-_fields_of = fields_of     # the name fastad.more_layers and fastad.training import
+_fields_of = fields_of     # the name fastad.training imports
 
 def _differentiable(field): return field.metadata.get('differentiable', True)
 
-def _is_traced(x): return getattr(type(x), '__fastad_primitive__', None) is not None
+def is_traced_value(x):
+    "Is `x` a traced value? (Asked of its type, so that this module needs no engine.)"
+    return getattr(type(x), '__fastad_primitive__', None) is not None
+
+_is_traced = is_traced_value     # the name fastad.training imports
 
 def _any_item(x, test, inside=None):
     "Does an item of structure `x` (or `x` itself) pass `test`? A structure that holds itself is looked at once."
@@ -161,7 +166,9 @@ def _any_item(x, test, inside=None):
     inside.add(id(x))
     return any(_any_item(v, test, inside) for _, v in items(x))
 
-def _has_traced(x): return _any_item(x, _is_traced)
+def has_traced(x):
+    "Does structure `x` hold a traced value anywhere?"
+    return _any_item(x, is_traced_value)
 
 def _is_parameter(x):
     "A model or a float array: what PyTorch calls a module or a parameter (a plain float is a setting)."
@@ -212,7 +219,7 @@ class _Fields:
             return new
         if construct and self.takes:
             new = type(x)(**dict(zip(self.names, values)))
-            if self.own_init is False and _has_traced(values): self.check_derived(new)
+            if self.own_init is False and has_traced(values): self.check_derived(new)
             if getattr(x, '__dict__', None): self.carry_settings(x, new)
             return new
         new = copy.copy(x)                        # no constructor, or one that does not take the fields: copied, field by field
@@ -249,11 +256,11 @@ def check_undeclared(self: _Fields, x, where, found=None):
     name, v, cls = *found[0], type(x).__name__
     if self.own_init:
         raise DifferentiationError(
-            f"{_label(where)}.{name} is {_describe(v)} that {cls}.__init__ set, but it is not a field "
+            f"{_label(where)}.{name} is {type_description(v)} that {cls}.__init__ set, but it is not a field "
             f"of {cls}: fastad differentiates a model's fields, so it would be left out (and "
             f"rebuilding the model would run __init__ again). To train it, {_FIELD_FORM}")
     raise DifferentiationError(
-        f"{_label(where)}.{name} is {_describe(v)} set on the model after it was made, but it is not a field of {cls}: "
+        f"{_label(where)}.{name} is {type_description(v)} set on the model after it was made, but it is not a field of {cls}: "
         f"fastad differentiates a model's fields and builds its copies from them, so it would be left out. To train "
         f"it, {_FIELD_FORM}; to keep it fixed, declare `{name}: object = fd.nondifferentiable(default=None)` and pass it in")
 @patch
@@ -271,9 +278,9 @@ def carry_settings(self: _Fields, x, new):
 def check_derived(self: _Fields, new):
     "Attributes that `__post_init__` set from traced fields are derived; one that stayed constant is a parameter nobody declared."
     for name, v in self.undeclared(new):
-        if not _has_traced(v):
+        if not has_traced(v):
             raise DifferentiationError(
-                f"{type(new).__name__}.{name} is {_describe(v)} that __post_init__ set, but it is not a field and does "
+                f"{type(new).__name__}.{name} is {type_description(v)} that __post_init__ set, but it is not a field and does "
                 f"not depend on the fields, so it would get no gradient. To train it, {_FIELD_FORM}; a constant is "
                 f"declared `{name}: object = fd.nondifferentiable(init=False)`")
 
@@ -294,7 +301,7 @@ def _is_integer(x):
 def _is_complex(x):
     return isinstance(x, complex) or getattr(getattr(x, 'dtype', None), 'kind', None) == 'c'
 
-def _describe(x):
+def type_description(x):
     if _is_integer(x): return f"an integer ({type(x).__name__}{'' if np.ndim(x) == 0 else ' of ' + str(x.dtype)})"
     if _is_complex(x): return f"a complex number ({type(x).__name__}{'' if np.ndim(x) == 0 else ' of ' + str(x.dtype)})"
     return f"a {type(x).__name__}"
@@ -310,7 +317,7 @@ def _cannot(where, x):
             " (fastad differentiates real numbers; split it into real and imaginary parts)" if _is_complex(x) else "")
     fixed = (", or keep it fixed: differentiate only the other arguments, with argnums= (e.g. gradient(f, x, n, argnums=0))"
              if type(where) is tuple and where[0] == 'argument' and where[2] == ' {}' else "")   # a whole argument
-    return DifferentiationError(f"{_label(where)} is {_describe(x)}, which cannot be differentiated{hint}: pass a float, "
+    return DifferentiationError(f"{_label(where)} is {type_description(x)}, which cannot be differentiated{hint}: pass a float, "
                                 f"a floating-point array, or a tuple, list, dict, dataclass or Differentiable of them{fixed}")
 
 def _contains_itself(where, x):
@@ -325,7 +332,7 @@ class _Static:
     __slots__ = ('value',)
     def __init__(self, value): self.value = value
 
-def _labelled(x, where):
+def labelled_items(x, where):
     "`(label, item, differentiable)` for each item of container `x`, labelled for error messages."
     if hasattr(type(x), '__dataclass_fields__'):
         return [(f"{where}.{name}", getattr(x, name), d) for name, d in fields_of(type(x)).differentiable]
@@ -376,7 +383,7 @@ def _walk(x, where, static_ok, leaves):
     if not is_container(x):
         if static_ok: return _Static(x)
         raise _cannot(where, x)
-    return (x, [_walk(v, label, static_ok, leaves) for label, v, _ in _labelled(x, _label(where))], None)
+    return (x, [_walk(v, label, static_ok, leaves) for label, v, _ in labelled_items(x, _label(where))], None)
 
 # %% ../nbs/03c_tree.ipynb #3a274391
 def _refuse_cycles(x, where, inside):
@@ -385,7 +392,7 @@ def _refuse_cycles(x, where, inside):
     if kind is list or kind is tuple: items = [((where, i, '[{!r}]'), v) for i, v in enumerate(x)]
     elif hasattr(kind, '__dataclass_fields__'):
         items = [((where, name, '.{}'), getattr(x, name)) for name, d in fields_of(kind).differentiable if d]
-    elif is_container(x) and not is_leaf(x): items = [(label, v) for label, v, _ in _labelled(x, _label(where))]
+    elif is_container(x) and not is_leaf(x): items = [(label, v) for label, v, _ in labelled_items(x, _label(where))]
     else: return
     if id(x) in inside: raise _contains_itself(where, x)
     inside.add(id(x))
@@ -408,7 +415,7 @@ def _annotation(field):
 @patch
 def check_number(self: _Fields, x, name, v, where):
     "Refuse integers in differentiable field `name` of model `x`: an array of them, or a whole number where the annotation says float."
-    if _is_traced(v): return
+    if is_traced_value(v): return
     kind = 'i' if type(v) is int else getattr(getattr(v, 'dtype', None), 'kind', None)
     if kind is None or kind not in 'iubc': return
     if (type(v) is int or isinstance(v, np.generic)) and name not in self.floats: return    # a count, a flag: a setting
@@ -419,7 +426,7 @@ def check_number(self: _Fields, x, name, v, where):
         example = f"np.array({np.asarray(v, float).tolist()})" if np.size(v) <= 4 else f"{name}.astype(np.float32)"
         instead = f"write it with floats, {example}"
     raise DifferentiationError(
-        f"{_label(where)}.{name} is {_describe(v)}, in a differentiable field of {type(x).__name__}: fastad cannot "
+        f"{_label(where)}.{name} is {type_description(v)}, in a differentiable field of {type(x).__name__}: fastad cannot "
         f"differentiate it, and as a constant its gradient would be its own value and no optimizer would move it. "
         f"To train it, {instead}; to keep it fixed, mark it static: `{name}: {_annotation(field)} = fd.nondifferentiable()`")
 
@@ -433,8 +440,8 @@ def leaves_like(template, x, where):
     return found
 
 def _unlike(where, t, x, got='', want=''):
-    return DifferentiationError(f"{where} is {_describe(x)}{got}, but it should be shaped like the value it "
-                                f"belongs to: {_describe(t)}{want}")
+    return DifferentiationError(f"{where} is {type_description(x)}{got}, but it should be shaped like the value it "
+                                f"belongs to: {type_description(t)}{want}")
 
 def _match(t, x, where, found):
     "Check `x` against template `t`, putting `x`'s leaves in `found` (a module function, so no reference cycle)."
@@ -460,7 +467,7 @@ def _match(t, x, where, found):
 def tree_map(f, tree, *rest):
     """`tree` with `f` applied to each differentiable leaf, and to the matching leaves of each of `rest`
     (structures shaped like `tree`): `tree_map(lambda w, g: w - 0.1 * g, model, gradient)`. Static fields are kept."""
-    if not callable(f): raise DifferentiationError(f"tree_map: f must be a function, not {_describe(f)}")
+    if not callable(f): raise DifferentiationError(f"tree_map: f must be a function, not {type_description(f)}")
     leaves, rebuild = flatten(tree, where='tree_map: tree', static_ok=True)
     others = [leaves_like(tree, r, f"tree_map: rest[{i}]") for i, r in enumerate(rest)]
     return rebuild([f(*xs) for xs in zip(leaves, *others)], construct=False)

@@ -10,14 +10,14 @@ def test_trace_method_is_numpys_trace():
     assert fd.gradient(lambda x: (x * x).trace(), np.eye(3) * 2).tolist() == (np.eye(3) * 4).tolist()
 
 from fastad import engine, dispatch, linalg
-from fastad.primitives import REGISTRY, Entry
+from fastad.primitives import REGISTRY, Row
 import sys
 
 def test_one_table():
     "The engine, the adapters and the linear-algebra rules share one table; no module keeps a second one."
     for module in (engine, dispatch, linalg): assert not hasattr(module, '_ADAPTERS') and not hasattr(module, 'ADAPTERS')
     assert not hasattr(engine, 'refresh_operators')
-    assert all(type(row) is Entry for row in REGISTRY.values())
+    assert all(type(row) is Row for row in REGISTRY.values())
     row = REGISTRY[np.sum]                                   # primitive and adapter in one row: the adapter uses it
     assert row.primitive.name == 'sum' and row.adapt is not None and row.rule is row.primitive and row.custom is None
 
