@@ -115,11 +115,15 @@ def array_module(*arrays):
         if t is np.ndarray: continue                  # the usual answer, found first
         if t is strict.StrictArray: return strict
         if t.__module__.startswith('cupy') and 'cupy' in sys.modules: return sys.modules['cupy']
+        if getattr(t, '__fastad_array_module__', None) is not None:   # a stand-in (fd.jit's tracer) names its module
+            m = a.__fastad_array_module__
+            if m is not None and m is not np: return m
     return np
 
 def is_array(x):
     "Is `x` an array of one of the backends (not a Python or NumPy scalar)?"
-    return isinstance(x, (np.ndarray, strict.StrictArray)) or type(x).__module__.startswith('cupy')
+    if isinstance(x, (np.ndarray, strict.StrictArray)) or type(x).__module__.startswith('cupy'): return True
+    return getattr(type(x), '__fastad_array_module__', None) is not None and x.__fastad_array_module__ is not None
 
 # %% ../nbs/90_backend.ipynb #b0b0000f
 def _shape(op, shape):

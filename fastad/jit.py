@@ -61,6 +61,13 @@ class Tracer:
     def __repr__(self): return f"Tracer({_describe(self.value)}, at trace time {np.array2string(np.asarray(self.value), threshold=6)})"
     __str__ = __repr__
     def __format__(self, spec): return format(self.value, spec)   # a printout at trace time, never a decision
+    @property
+    def __fastad_array_module__(self):
+        "For `fastad.backend.array_module`: NumPy for a NumPy array, a traced stand-in of the device module, None for a number."
+        v = self.value
+        if type(v) is np.ndarray: return np
+        if not _backend.is_array(v): return None
+        return _traced_module(_backend.array_module(v), self._tr)
 
 # %% ../nbs/03i_jit_machinery.ipynb #7f567976
 _STATIC = {np.shape, np.ndim, np.size, np.result_type, np.iscomplexobj, np.isrealobj, np.min_scalar_type, np.can_cast}
@@ -234,7 +241,7 @@ class _Trace:
     "One run of a function on Tracers: the ops it made, the constants they read, the values (slots) they made."
     def __init__(self):
         self.ops, self.consts, self.const_ids, self.values, self.checks, self.active = [], [], {}, [], [], True
-        self.inputs = []
+        self.inputs, self.generic, self.modules, self.draws = [], {}, {}, 0   # generic: slot -> NumPy scalar type
 
     def new(self, value):
         "A new slot holding `value`, as a Tracer."
@@ -270,7 +277,7 @@ def _stored():
 def _weak(x):
     "Are the values in `x` Python numbers (a counter such as Adam's step count, and what is computed from it)?"
     t = type(x)
-    if t is Tracer: return type(x.value) in (int, float)
+    if t is Tracer: return type(x.value) in (int, float, bool)
     if t is tuple or t is list: return all(_weak(o) for o in x)
     if t is dict: return all(_weak(o) for o in x.values())
     return t in _LITERALS
@@ -377,12 +384,15 @@ class _Tracing:
     "Within the block, NumPy's array makers called by this thread make traced arrays of `trace` (others' calls are untouched)."
     def __init__(self, trace): self.trace = trace
     def __enter__(self):
-        global _patched_count
+        global _patched_count, _as_gradient
         self.previous = getattr(_local, 'trace', None)
         _local.trace = self.trace
         with _patch_lock:
             if _patched_count == 0:
                 for name, f in _creators.items(): setattr(np, name, f)
+                transforms = _transforms()
+                if _as_gradient is None: _as_gradient = transforms._as_gradient
+                transforms._as_gradient = _typed_gradient
             _patched_count += 1
     def __exit__(self, *exc):
         global _patched_count
@@ -392,6 +402,80 @@ class _Tracing:
             _patched_count -= 1
             if _patched_count == 0:
                 for name, f in _originals.items(): setattr(np, name, f)
+                _transforms()._as_gradient = _as_gradient
+
+def _transforms():
+    from fastad import transforms
+    return transforms
+_as_gradient = None                # transforms' own, once a trace has begun
+
+def _typed_gradient(ct, primal, seen):
+    """The gradient of a NumPy scalar argument (`np.float64(0.3)`) is a NumPy scalar of its type in eager fastad:
+    under trace its slot is marked, and the replay gives it that type again."""
+    r = _as_gradient(ct, primal, seen)
+    if type(primal) is Tracer and isinstance(primal.value, np.generic) and type(r) is Tracer and r._tr is primal._tr:
+        r._tr.generic[r.slot] = type(primal.value)
+    return r
+
+# %% ../nbs/03i_jit_machinery.ipynb #j1devmod
+_DEVICE_FNS = {}
+
+class _TracedFunction:
+    """A function of a device array module (CuPy's, fastad.strict's) while tracing: a call on traced arrays, or one that
+    makes an array (`xp.zeros`), is written into the program; others run as they are."""
+    __slots__ = ('f', 'name', 'tr', 'made', 'writes')
+    def __init__(self, f, name, trace, made, writes=False): self.f, self.name, self.tr, self.made, self.writes = f, name, trace, made, writes
+    def __call__(self, *args, **kwargs):
+        if not self.tr.active or not (self.made or any(type(l) is Tracer for l in _leaves((args, kwargs)))): return self.f(*args, **kwargs)
+        return self.tr.call(self.f, args, kwargs, self.name, writes=self.writes)
+    def __getattr__(self, method):                 # `xp.add.at(a, index, b)`: in place
+        key = (self.name, method)
+        f = _DEVICE_FNS.get(key) or _DEVICE_FNS.setdefault(key, getattr(self.f, method))
+        return _TracedFunction(f, f"{self.name}.{method}", self.tr, False, writes=method == 'at')
+
+class _TracedModule:
+    "A device array module as fastad's rules see it through `array_module(tracer)` while tracing."
+    def __init__(self, module, trace): self._module, self._tr = module, trace
+    def __getattr__(self, name):
+        a = getattr(self._module, name)
+        key = (self._module.__name__, name)
+        if isinstance(a, (types.ModuleType, types.SimpleNamespace)): a = _TracedModule(a, self._tr)
+        elif callable(a) and not isinstance(a, type):   # one function per name, so that two traces compare equal
+            f = _DEVICE_FNS.get(key) or _DEVICE_FNS.setdefault(key, a)
+            a = _TracedFunction(f, f"{key[0].rsplit('.', 1)[-1]}.{name}", self._tr, name in _CREATORS)
+        self.__dict__[name] = a
+        return a
+
+def _traced_module(module, trace):
+    m = trace.modules.get(module)
+    if m is None: m = trace.modules[module] = _TracedModule(module, trace)
+    return m
+
+# %% ../nbs/03i_jit_machinery.ipynb #j1drawn
+class _Drawing:
+    """A generator declared with `jit(f, generators=(rng,))`, in the arguments while tracing: each draw is a call of the
+    program on the generator itself, so a replay draws anew from its advancing state, as an eager call would."""
+    def __init__(self, rng, trace, fns): self._rng, self._tr, self._fns = rng, trace, fns
+    def __getattr__(self, name):
+        a = getattr(self._rng, name)
+        if not callable(a): return a
+        f = self._fns.get((id(self._rng), name))
+        if f is None:
+            rng = self._rng
+            def f(*args, **kwargs): return getattr(rng, name)(*args, **kwargs)
+            f.__name__ = f"rng.{name}"
+            self._fns[(id(rng), name)] = f
+        def draw(*args, **kwargs):
+            r = self._tr.call(f, args, kwargs, f"rng.{name}")
+            self._tr.ops[-1].writes = True          # it advances the generator: never dropped as dead code
+            self._tr.draws += 1
+            return r
+        return draw
+
+def _state(g):
+    "The state of a NumPy generator (None for another kind), to see whether a trace drew from it."
+    bits = getattr(g, 'bit_generator', None)
+    return None if bits is None else bits.state
 
 # %% ../nbs/03i_jit_machinery.ipynb #e387bcca
 def _is_array(x):
@@ -409,9 +493,13 @@ def _is_object(x):
             hasattr(x, '__dict__') and not callable(x) and not isinstance(x, (type, types.ModuleType))) else ''
     return kind
 
-def _is_counter(obj, v):
-    "An int attribute of a stateful object (an optimizer's step count): traced, so that a new count is no new signature."
-    return type(v) is int and _is_object(obj) == 'state'
+_CARRIED = set()       # (class, attribute): a float a jitted function rebinds to a traced value (a scheduled learning rate)
+
+def _is_counter(obj, v, name=None):
+    """An int attribute of a stateful object (an optimizer's step count), or a float one that a jitted function rebinds
+    (a learning rate from a schedule): traced, so that a new count or rate is no new signature."""
+    t = type(v)
+    return (t is int or t is float and (type(obj), name) in _CARRIED) and _is_object(obj) == 'state'
 
 # %% ../nbs/03i_jit_machinery.ipynb #054e245b
 class _Args:
@@ -442,7 +530,7 @@ class _Args:
             self.seen[id(x)] = len(self.objs); self.objs.append(x)
             state = vars(x)
             self.key.append((t, tuple(state)))
-            for name, v in state.items(): self.walk(v, type(v) is int and kind == 'state')
+            for name, v in state.items(): self.walk(v, kind == 'state' and _is_counter(x, v, name))
 
 _KINDS = {}
 def _kind_of(x):
@@ -459,23 +547,24 @@ def _hashable(x):
     except TypeError: return ('id', id(x))
 
 # %% ../nbs/03i_jit_machinery.ipynb #7c750fc2
-def _swapped(x, new, undo, seen, counter=False):
+def _swapped(x, new, undo, seen, counter=False, gens=None):
     "`x` with its array leaves replaced by `new()`'s Tracers, in place in lists, dicts and objects (`undo` puts them back)."
     t = type(x)
     if counter or _is_array(x): return new(x)
+    if gens and id(x) in gens: return gens[id(x)]
     if t is tuple or (isinstance(x, tuple) and hasattr(x, '_fields')):
-        items = [_swapped(o, new, undo, seen) for o in x]
+        items = [_swapped(o, new, undo, seen, gens=gens) for o in x]
         return t(*items) if t is not tuple else tuple(items)
     if t is list or t is dict:
         for k, v in list(enumerate(x) if t is list else x.items()):
-            n = _swapped(v, new, undo, seen)
+            n = _swapped(v, new, undo, seen, gens=gens)
             if n is not v: undo.append((x, k, v, False)); x[k] = n
         return x
     if _is_object(x):
         if id(x) in seen: return x
         seen.add(id(x))
         for name, v in list(vars(x).items()):
-            n = _swapped(v, new, undo, seen, _is_counter(x, v))
+            n = _swapped(v, new, undo, seen, _is_counter(x, v, name), gens)
             if n is not v: undo.append((x, name, v, True)); object.__setattr__(x, name, n)
         return x
     return x
@@ -489,7 +578,9 @@ def _undo(undo):
 def _template(x, trace, objs, seen=None):
     "How to rebuild output `x` after a replay: slots, the caller's own models, new containers, constants."
     t = type(x)
-    if t is Tracer: return ('slot', trace.spec(x).i)
+    if t is Tracer:
+        kind = trace.generic.get(x.slot)
+        return ('slot', trace.spec(x).i) if kind is None else ('scalar', trace.spec(x).i, kind)
     if t is tuple or t is list: return (t, [_template(o, trace, objs) for o in x])
     if isinstance(x, tuple) and hasattr(x, '_fields'): return ('named', t, [_template(o, trace, objs) for o in x])
     if t is dict: return ('dict', list(x), [_template(o, trace, objs) for o in x.values()])
@@ -504,6 +595,7 @@ def _template(x, trace, objs, seen=None):
 def _built(tpl, slots, objs):
     kind = tpl[0]
     if kind == 'slot': return slots[tpl[1]]
+    if kind == 'scalar': return tpl[2](slots[tpl[1]])
     if kind is tuple or kind is list: return kind(_built(o, slots, objs) for o in tpl[1])
     if kind == 'named': return tpl[1](*(_built(o, slots, objs) for o in tpl[2]))
     if kind == 'dict': return dict(zip(tpl[1], (_built(o, slots, objs) for o in tpl[2])))
@@ -516,7 +608,7 @@ def _built(tpl, slots, objs):
     return slots['consts'][c.i] if type(c) is _Const else c
 
 def _slots_of(tpl, found):
-    if tpl[0] == 'slot': found.append(tpl[1])
+    if tpl[0] == 'slot' or tpl[0] == 'scalar': found.append(tpl[1])
     elif tpl[0] == 'new':
         for _, sub in tpl[2]: _slots_of(sub, found)
     elif tpl[0] in (tuple, list): [_slots_of(o, found) for o in tpl[1]]
@@ -526,7 +618,9 @@ def _slots_of(tpl, found):
 def _concretized(x, seen=None):
     "`x` with its Tracers replaced by their values (models made in the function are changed in place)."
     t = type(x)
-    if t is Tracer: return x.value
+    if t is Tracer:
+        kind = x._tr.generic.get(x.slot)
+        return x.value if kind is None else kind(x.value)
     if t is tuple or t is list: return t(_concretized(o) for o in x)
     if isinstance(x, tuple) and hasattr(x, '_fields'): return t(*(_concretized(o) for o in x))
     if t is dict: return {k: _concretized(v) for k, v in x.items()}
@@ -722,9 +816,9 @@ def _reusable(self: Program, op, j, last, results, views, made):
 class jit:
     """`f`, traced once per signature (the structure of the arguments, each array's shape and dtype, the values of the
     rest) into a `Program` of NumPy calls, then replayed: no dispatch, no tape, no tree walks."""
-    def __init__(self, f, static_argnums=()):
+    def __init__(self, f, static_argnums=(), generators=()):
         self.f, self.static = f, (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-        self.programs, self.pending = {}, {}
+        self.programs, self.pending, self.generators, self._draws = {}, {}, tuple(generators), {}
         self.traces = 0
         self.__wrapped__ = f
         self.__name__ = getattr(f, '__name__', 'f')
@@ -756,15 +850,18 @@ def _leaves_of(x):
 
 # %% ../nbs/03i_jit_machinery.ipynb #3caf3520
 @patch
-def _trace(self: jit, args, parts):
+def _trace(self: jit, args, parts, generators=None):
     "Run `f` on Tracers: the program, and this call's result (the trace-time values: an eager call)."
     trace = _Trace()
     self.traces += 1
     def new(value):
         t = trace.new(value); trace.inputs.append(t.slot); return t
-    counters = {(id(o), n) for o in parts.objs for n, v in vars(o).items() if _is_counter(o, v)}
+    counters = {(id(o), n): type(v) for o in parts.objs for n, v in vars(o).items() if _is_counter(o, v, n)}
+    generators = self.generators if generators is None else generators
+    gens = {id(g): _Drawing(g, trace, self._draws) for g in generators}
+    states = [_state(g) for g in generators]
     undo, seen = [], set()
-    traced = tuple(a if i in self.static else _swapped(a, new, undo, seen) for i, a in enumerate(args))
+    traced = tuple(a if i in self.static else _swapped(a, new, undo, seen, gens=gens) for i, a in enumerate(args))
     placed = {id(obj): dict(vars(obj)) for obj in parts.objs}
     try:
         with _Tracing(trace): out = self.f(*traced)
@@ -777,11 +874,14 @@ def _trace(self: jit, args, parts):
         before = placed[id(obj)]
         for name, v in vars(obj).items():
             if not (name in before and before[name] is v):
-                effects.append((k, name, _template(v, trace, objs), (id(obj), name) in counters))
+                effects.append((k, name, _template(v, trace, objs), counters.get((id(obj), name))))
+                if type(before.get(name)) is float and type(v) is Tracer and type(v.value) is float:
+                    _CARRIED.add((type(obj), name))     # a traced rate: an input of the next traces
     rebound = None
     for x, k, old, attr in undo:                   # places the function left alone: the caller's arrays again
         now = vars(x).get(k) if attr else x[k]
-        if type(now) is Tracer and now.slot in trace.inputs:
+        if type(now) is _Drawing: object.__setattr__(x, k, old) if attr else x.__setitem__(k, old)
+        elif type(now) is Tracer and now.slot in trace.inputs:
             if attr: object.__setattr__(x, k, old)
             else: x[k] = old
         elif not attr and type(now) is Tracer: rebound = rebound or (x, k); x[k] = now.value
@@ -789,8 +889,12 @@ def _trace(self: jit, args, parts):
                                f"which a replay would not do: return the new value instead")
     for k, name, tpl, counter in effects:
         obj = parts.objs[k]; value = _concretized(getattr(obj, name))
-        object.__setattr__(obj, name, int(value) if counter else value)
+        object.__setattr__(obj, name, counter(value) if counter else value)
     result = _concretized(out)
+    if not trace.draws and any(_state(g) != s for g, s in zip(generators, states)):
+        raise JitError(f"fd.jit({self.__name__}): the function drew from a generator given in generators= that it does not "
+                       f"reach through its arguments (a global, a closure): pass it, or the model that holds it, as an "
+                       f"argument, so that the program can draw from it on each call")
     program = Program(trace, list(trace.inputs), out_tpl, effects)
     program.checks = trace.checks
     return result, program
@@ -803,7 +907,7 @@ def _replay(self: jit, program, parts):
     objs = parts.objs
     for k, name, tpl, counter in program.effects:
         v = _built(tpl, slots, objs)
-        object.__setattr__(objs[k], name, int(v) if counter else v)
+        object.__setattr__(objs[k], name, counter(v) if counter else v)
     return _built(program.out_tpl, slots, objs)
 
 # %% ../nbs/03i_jit_machinery.ipynb #a9118767
@@ -814,8 +918,9 @@ def program(self: jit, *args):
     program = self.programs.get(parts.key) or self.pending.get(parts.key)
     if program is None:
         import copy
-        copied = copy.deepcopy(args)                # traced on a copy: asking for the program changes nothing
-        _, program = self._trace(copied, _Args(copied, self.static))
+        memo = {id(g): copy.deepcopy(g) for g in self.generators}   # the generators too: no draw is used up
+        copied = copy.deepcopy(args, memo)          # traced on a copy: asking for the program changes nothing
+        _, program = self._trace(copied, _Args(copied, self.static), [memo[id(g)] for g in self.generators])
     return Listing(program)
 
 # %% ../nbs/03i_jit_machinery.ipynb #5606b2ea
@@ -868,7 +973,7 @@ def _same(p, q, name):
 def _tpl_spec(tpl):
     "A template as a spec (constants as `_Const`), to compare two."
     kind = tpl[0]
-    if kind == 'slot': return _Slot(tpl[1])
+    if kind == 'slot' or kind == 'scalar': return _Slot(tpl[1])
     if kind in (tuple, list): return [_tpl_spec(o) for o in tpl[1]]
     if kind == 'named' or kind == 'dict': return [str(tpl[1]), [_tpl_spec(o) for o in tpl[2]]]
     if kind == 'obj': return ('obj', tpl[1])

@@ -11,6 +11,7 @@ import json, math, numbers, os, zipfile, hashlib
 import numpy as np
 from . import backend, layers
 from .backend import array_module, to_host
+from .jit import Tracer
 from .errors import ArgumentError, DataError, ShapeError, _whole_number
 from .layers import _positive
 from .progress import progress as _progress_bar
@@ -25,9 +26,12 @@ def _rate(op, name, value):
 
 class Schedule:
     """A learning rate that changes with the step: `schedule(step)` is the rate of update `step` (0 the first).
-    `SGD`, `Adam` and `AdamW` take one as `learning_rate`. `step_schedule(0.1, step_size=100)(250)` is 0.001."""
-    def __init__(self, rule, text): self.rule, self.text = rule, text
-    def __call__(self, step): return self.rule(_whole_number(self.text, 'step', step, least=0))
+    `SGD`, `Adam` and `AdamW` take one as `learning_rate`. `step_schedule(0.1, step_size=100)(250)` is 0.001.
+    Under `fd.jit` the step is a traced count, and the rule NumPy arithmetic on it (no Python decision on its value)."""
+    def __init__(self, rule, text, traced=None): self.rule, self.text, self.traced = rule, text, traced or rule
+    def __call__(self, step):
+        if type(step) is Tracer: return self.traced(step)
+        return self.rule(_whole_number(self.text, 'step', step, least=0))
     def __repr__(self): return self.text
 
 def constant_schedule(value):
@@ -59,7 +63,12 @@ def warmup_cosine_schedule(peak_value, warmup_steps, total_steps, init_value=0.0
         if step < warmup: return (init - peak) * (1 - step / warmup) + peak        # optax's linear_schedule
         cosine = 0.5 * (1 + math.cos(math.pi * min(step - warmup, decay) / decay))
         return peak * ((1 - alpha) * cosine + alpha)                              # optax's cosine_decay_schedule
-    return Schedule(rule, f"warmup_cosine_schedule({peak!r}, warmup_steps={warmup}, total_steps={total}, "
+    def traced(step):                                  # the same, with the choice made by arithmetic (fd.jit)
+        warming = step < warmup                        # a traced bool: 1 or 0
+        ramp = (init - peak) * (1 - step / warmup) + peak if warmup else peak
+        cosine = 0.5 * (1 + np.cos(math.pi * np.minimum(step - warmup, decay) / decay))
+        return warming * ramp + (1 - warming) * (peak * ((1 - alpha) * cosine + alpha))   # exact: x * 1 + y * 0 is x
+    return Schedule(rule, traced=traced, text=f"warmup_cosine_schedule({peak!r}, warmup_steps={warmup}, total_steps={total}, "
                           f"init_value={init!r}, end_value={end!r})")
 
 # %% ../nbs/03j_training_kit.ipynb #a03j000c
@@ -80,6 +89,7 @@ class _Scheduled:
     def scheduled(self, step):
         "The schedule's rate for update `step`, checked: a finite number of 0 or more."
         rate = self.schedule(step)
+        if type(step) is Tracer: return rate           # fd.jit traces the count: the rate is a traced number
         if not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not 0 <= rate < math.inf:
             raise ArgumentError(f"{type(self).__name__}: the learning-rate schedule gave {rate!r} for step {step}; "
                                 f"a learning rate is a finite number of 0 or more")
@@ -87,11 +97,7 @@ class _Scheduled:
 
     def update(self, model, along):
         "Take one step at this update's learning rate (`schedule(updates)` for a schedule); returns the model, moved in place."
-        if self.schedule is not None:
-            if not isinstance(self.updates, numbers.Integral):      # fd.jit traces the count
-                raise ArgumentError(f"{type(self).__name__}.update: a learning-rate schedule does not run inside fd.jit yet (the "
-                                    f"update count is traced there): jit the gradient and call update outside, or give a number")
-            self.learning_rate = self.scheduled(self.updates)
+        if self.schedule is not None: self.learning_rate = self.scheduled(self.updates)   # traced under fd.jit
         model = self._step(model, along)
         self.updates = self.updates + 1                    # counted once the model has moved (not +=: fd.jit traces it)
         return model

@@ -252,3 +252,87 @@ def test_rebinding_an_item_of_a_list_argument_is_refused():
     xs = [np.ones(2), np.ones(2)]
     with pytest.raises(JitError, match="list or dict it was given"): jit(f)(xs)
     assert type(xs[0]) is np.ndarray                   # left as an eager call leaves it, never a traced array
+
+def test_a_numpy_scalar_arguments_gradient_keeps_its_type():
+    "As in eager fastad, the gradient of an np.float64 (np.float32) argument is an np.float64 (np.float32), not a 0-d array."
+    f = lambda x, y: (np.sin(x) * y).sum()
+    fast = jit(lambda x, y: fd.value_with_gradient(f, x, y, argnums=(0, 1)))
+    for dtype in (np.float64, np.float32):
+        for v in (0.3, 0.5, 0.7):
+            x, y = dtype(v), np.ones(3, dtype)
+            (value, (gx, gy)), (ev, (ex, ey)) = fast(x, y), fd.value_with_gradient(f, x, y, argnums=(0, 1))
+            assert type(gx) is type(ex) is dtype and type(gy) is np.ndarray and type(value) is type(ev)
+            assert gx == ex and np.array_equal(gy, ey)
+
+def test_adamw_with_a_warmup_cosine_schedule_and_clipping_equals_eager():
+    "The schedule reads the traced update count (NumPy arithmetic, no Python decision): one program for every step."
+    loss = lambda model, x, y: fd.mse(model(x), y)
+    def step(model, opt, x, y):
+        value, grad = fd.value_with_gradient(loss, model, x, y, argnums=0)
+        opt.update(model, along=fd.clip_by_global_norm(grad, 0.5))
+        return value
+    schedule = lambda: fd.warmup_cosine_schedule(0.05, warmup_steps=3, total_steps=8, end_value=0.001)
+    eager, traced = _mlp(np.float64), _mlp(np.float64)
+    eager_opt, traced_opt = fd.AdamW(eager, schedule(), weight_decay=0.1), fd.AdamW(traced, schedule(), weight_decay=0.1)
+    fast, rng = jit(step), np.random.default_rng(0)
+    for i in range(10):
+        x, y = rng.normal(size=(16, 4)), rng.normal(size=(16, 1))
+        assert _close(step(eager, eager_opt, x, y), fast(traced, traced_opt, x, y), 1e-12)
+        for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): assert _close(p, q, 1e-12), i
+        assert traced_opt.updates == eager_opt.updates and type(traced_opt.updates) is int
+        assert abs(traced_opt.learning_rate - eager_opt.learning_rate) <= 1e-15 and type(traced_opt.learning_rate) is float
+    assert len(fast.programs) == 1 and fast.traces == 3
+
+def test_a_step_schedule_traces_too():
+    model = _mlp(np.float64); opt = fd.SGD(model, fd.step_schedule(0.1, step_size=2, gamma=0.5))
+    eager = _mlp(np.float64); eager_opt = fd.SGD(eager, fd.step_schedule(0.1, step_size=2, gamma=0.5))
+    step, x, y = _step(lambda m, x, y: fd.mse(m(x), y)), np.ones((2, 4)), np.ones((2, 1))
+    fast = jit(step)
+    for _ in range(6): assert _close(step(eager, eager_opt, x, y), fast(model, opt, x, y), 1e-12)
+    assert opt.learning_rate == eager_opt.learning_rate == 0.025
+
+def _dropout_mlp(rng):
+    r = np.random.default_rng(1)
+    return fd.Sequential([fd.Dense(weight=r.normal(size=(4, 8)), bias=np.zeros(8), activation=fd.relu),
+                          fd.Dropout(0.3, rng=rng), fd.Dense(weight=r.normal(size=(8, 1)), bias=np.zeros(1))])
+
+def test_dropout_draws_from_a_declared_generator_on_each_replay():
+    step = _step(lambda m, x, y: fd.mse(m(x), y))
+    eager, traced = _dropout_mlp(np.random.default_rng(7)), _dropout_mlp(np.random.default_rng(7))
+    eager_opt, traced_opt = fd.Adam(eager, 0.01), fd.Adam(traced, 0.01)
+    fast, rng = jit(step, generators=(traced.layers[1].rng,)), np.random.default_rng(0)
+    for i in range(6):
+        x, y = rng.normal(size=(16, 4)), rng.normal(size=(16, 1))
+        assert _close(step(eager, eager_opt, x, y), fast(traced, traced_opt, x, y), 1e-12), i
+        for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): assert _close(p, q, 1e-12)
+    assert len(fast.programs) == 1 and traced.layers[1].rng is not None and type(traced.layers[1].rng) is np.random.Generator
+    assert 'rng.random(' in str(fast.program(traced, traced_opt, x, y))
+    assert np.random.default_rng(7).random() != traced.layers[1].rng.random()       # it advanced, as eager's did
+
+def test_an_undeclared_dropout_draw_is_refused():
+    step, model = _step(lambda m, x, y: fd.mse(m(x), y)), _dropout_mlp(np.random.default_rng(7))
+    opt, fast = fd.SGD(model, 0.01), jit(step)
+    with pytest.raises(JitError, match="random draw"):
+        for _ in range(4): fast(model, opt, np.ones((2, 4)), np.ones((2, 1)))
+
+def test_a_declared_generator_out_of_reach_is_refused():
+    rng = np.random.default_rng(0)
+    noisy = jit(lambda x: x + rng.normal(size=x.shape), generators=(rng,))
+    with pytest.raises(JitError, match="does not reach through its arguments"): noisy(np.zeros(3))
+
+def test_a_cnn_step_replays_on_the_strict_device_backend():
+    "Conv2D and MaxPool2D make their buffers with array_module(x).zeros: under trace, traced makers of the device module."
+    def run(fast):
+        with fd.use_backend('strict'):
+            A, r = fd.backend.asarray, np.random.default_rng(3)
+            model = fd.Sequential([fd.Conv2D(filter=A(r.standard_normal((3, 3, 2, 4)) * .2), bias=A(np.zeros(4)), activation=None),
+                                   fd.MaxPool2D(pool_size=(2, 2), strides=(2, 2)), fd.Flatten(),
+                                   fd.Dense(weight=A(r.standard_normal((36, 5)) * .1), bias=A(np.zeros(5)))])
+            opt, step = fd.Adam(model, 0.01), _step(lambda m, x, y: fd.softmax_cross_entropy(m(x), y))
+            if fast: step = jit(step)
+            losses = [step(model, opt, A(r.normal(size=(4, 8, 8, 2))), A(r.integers(0, 5, 4))) for _ in range(5)]
+            assert all(type(l) is fd.strict.StrictArray for l in losses)
+            if fast: assert len(step.programs) == 1
+            return [float(fd.to_host(l)) for l in losses], [fd.to_host(p) for p in fd.tree.flatten(model)[0]]
+    (eager_losses, eager_p), (jit_losses, jit_p) = run(False), run(True)
+    assert _close(jit_losses, eager_losses, 1e-12) and all(_close(a, b, 1e-12) for a, b in zip(jit_p, eager_p))

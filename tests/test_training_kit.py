@@ -375,8 +375,15 @@ def test_with_a_number_the_optimizers_and_clipping_run_under_jit_as_eager(make):
     for p, q in zip(leaves(a), leaves(b)): close(p, q, 1e-12)
     assert oa.updates == ob.updates == 4
 
-def test_a_schedule_under_jit_is_refused_with_what_to_do():
-    net = small_net()
-    opt = fd.AdamW(net, fd.step_schedule(0.01, 10))
-    with pytest.raises(ArgumentError, match="a learning-rate schedule does not run inside fd.jit yet"):
-        fd.jit(jit_step)(net, opt, np.ones((2, 3)), np.ones((2, 1)))
+@pytest.mark.parametrize('schedule', [lambda: fd.step_schedule(0.01, 2), lambda: fd.warmup_cosine_schedule(0.01, 2, 6)], ids=['step', 'cosine'])
+def test_a_schedule_runs_under_jit_as_eagerly(schedule):
+    "The traced update count goes through the schedule as NumPy arithmetic: the same rates and models as eager, one program."
+    eager, traced = small_net(), small_net()
+    eager_opt, traced_opt = fd.AdamW(eager, schedule()), fd.AdamW(traced, schedule())
+    fast, rng = fd.jit(jit_step), np.random.default_rng(0)
+    for _ in range(8):
+        x, y = rng.normal(size=(4, 3)), rng.normal(size=(4, 1))
+        np.testing.assert_allclose(fast(traced, traced_opt, x, y), jit_step(eager, eager_opt, x, y), rtol=1e-12)
+        assert abs(traced_opt.learning_rate - eager_opt.learning_rate) <= 1e-15
+    for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): np.testing.assert_allclose(q, p, rtol=1e-12, atol=1e-15)
+    assert len(fast.programs) == 1
