@@ -230,9 +230,9 @@ def _recomputed_rules(recomputed_vjp):
     "The engine's two rule forms of a recomputed function: `vwc` for arrays and numbers, `structured_vwc` for structures' leaves."
     # One pullback for all the inputs (the rule form of every primitive), run once per backward pass.
     # The recomputation reads the arguments again, constants too (`mul(x, c)`), so the engine must lock them until
-    # the backward pass. `keeps=` cannot say "every argument" of a VWC that takes `*args`, so these rules declare
-    # nothing, and the engine looks into their chains' closures (`locks.keeps`): `kept` there says so. (It cannot
-    # see into `structured_vwc`'s keyword arguments, which reach it inside a dict: those are not locked.)
+    # the backward pass. These rules declare nothing: the engine looks into their chains' closures (`locks.keeps`),
+    # and `kept` there holds what they read. (It cannot see into `structured_vwc`'s keyword arguments, which reach
+    # it inside a dict: those are not locked.)
     def structured_vwc(*leaves, rebuild, kwargs):
         value, leaf_cotangents = recomputed_vjp(*rebuild(leaves), **kwargs)
         kept = tuple(l for l in leaves if type(l) is np.ndarray)

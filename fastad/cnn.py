@@ -162,12 +162,13 @@ def _conv_dfilter_vwc(x, g, *, size, strides, amounts):
         lambda k: _conv_dx(g, k, shape=shape, strides=strides, amounts=amounts),
         lambda k: _conv(x, k, strides=strides, amounts=amounts))
 
-_conv = Primitive('conv2d', _conv_vwc, forward=_conv_value, keeps=dict(x='filter', filter='x'))
-_conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value, keeps=dict(g='filter', filter='g'))
-_conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value, keeps=dict(x='g', g='x'))
+_conv = Primitive('conv2d', _conv_vwc, forward=_conv_value, domain='conv: drawn through conv2d')
+_conv_dx = Primitive('conv2d_dx', _conv_dx_vwc, forward=_conv_dx_value, domain='conv: drawn through conv2d, whose pullback it is')
+_conv_dfilter = Primitive('conv2d_dfilter', _conv_dfilter_vwc, forward=_conv_dfilter_value,
+                          domain='conv: drawn through conv2d, whose pullback it is')
 
 # %% ../nbs/06_cnn_layers.ipynb #e52f2fs2
-@defvwc(name='conv2d', keeps=dict(x='filter', filter='x'))   # the bias's chain reads neither
+@defvwc(name='conv2d', domain='conv: small NHWC images, both paddings, strides 1 and 2')
 def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
     "2-D convolution (cross-correlation, as in deep learning) of NHWC `x` with HWIO `filter`, plus `bias` per output channel."
     strides, amounts = _conv_setup('conv2d', x, filter, strides, padding)
@@ -188,7 +189,7 @@ def conv2d_vwc(x, filter, bias=None, *, strides=(1, 1), padding='valid'):
 conv2d = conv2d_vwc.primitive
 
 # %% ../nbs/06_cnn_layers.ipynb #05ed11a6
-@defvwc(name='max_pool2d', unary=True, keeps={})    # its winners, which are its own
+@defvwc(name='max_pool2d', unary=True, domain='pool: distinct values, no ties within a window')
 def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
     "The largest value of each `pool_size` window of NHWC `x`, windows `strides` apart."
     op = 'max_pool2d'
@@ -258,9 +259,9 @@ def _pool_gather_vwc(x, *, winner, geometry):
     return _pool_gather(x, winner=winner, geometry=geometry), lambda g: _pool_scatter(g, winner=winner, geometry=geometry)
 
 _pool_scatter = Primitive('max_pool2d_scatter', _pool_scatter_vwc, unary=True, forward=_pool_scatter_value,
-                          keeps=dict(g='winner'))
+                          domain='pool: drawn through max_pool2d, whose pullback it is')
 _pool_gather = Primitive('max_pool2d_gather', _pool_gather_vwc, unary=True, forward=_pool_gather_value,
-                         keeps=dict(x='winner'))
+                         domain='pool: drawn through max_pool2d, whose pullback it is')
 
 # %% ../nbs/06_cnn_layers.ipynb #79212a39
 def _check_labels(op, logits, labels):
@@ -278,7 +279,7 @@ def _check_labels(op, logits, labels):
         raise ArgumentError(f"{op}: labels must lie in 0..{k - 1} for {k} classes, got values from "
                             f"{int(labels.min())} to {int(labels.max())}")
 
-@defvwc(name='softmax_cross_entropy', keeps={})    # the one-hot rows, its own: the labels stay writeable
+@defvwc(name='softmax_cross_entropy', domain='logits: integer labels on the host')   # its chain reads its own one-hot rows, not the labels
 def softmax_cross_entropy_vwc(logits, labels):
     "Mean over the batch of -log softmax(logits)[label], for integer labels; stable for any logits."
     _check_labels('softmax_cross_entropy', logits, labels)

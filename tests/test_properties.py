@@ -910,7 +910,8 @@ DERIVED = {   # drawer -> (words, f) -> (draw, Spec options)
 DRAWERS = {   # the other drawers a domain may name: each a spec above, which calls the rule its own way
     'matmul', 'dot', 'einsum', 'variance', 'deviation', 'reshape', 'transpose', 'two_axes', 'squeeze', 'expand', 'order',
     'broadcast', 'scatter', 'index', 'joined', 'stacked', 'where', 'clip', 'softmax', 'heaviside', 'norm', 'flip', 'roll',
-    'tri', 'diagonal', 'pad', 'windows', 'put_along_axis', 'square', 'solve', 'symmetric', 'rect', 'tall', 'hook'}
+    'tri', 'diagonal', 'pad', 'windows', 'put_along_axis', 'square', 'solve', 'symmetric', 'rect', 'tall', 'hook',
+    'conv', 'pool', 'logits'}   # the CNN rules (06): conv_draw, pool_draw, logits_draw
 
 def rules():
     "Every rule the registry's rows hold, and every one made with `defvwc` in fastad's modules: {name: Primitive}."
@@ -993,9 +994,8 @@ def test_every_entry_point_has_a_spec():
     missing = sorted(entry_points() - covered)
     assert not missing, f"no property spec for: {', '.join(missing)} (add one to SPECS in {__file__})"
 
-# rules made in these modules wait for a domain; each named here until its module gives one
-AWAITING_DOMAIN = {'conv2d', 'conv2d_dx', 'conv2d_dfilter', 'max_pool2d', 'max_pool2d_scatter', 'max_pool2d_gather',
-                   'softmax_cross_entropy', 'astype', 'setitem'}
+# rules made in these modules wait for a domain; each named here until its module gives one (the engine's two)
+AWAITING_DOMAIN = {'astype', 'setitem'}
 
 def test_every_rule_has_a_domain_its_tests_draw_from():
     "A rule without a domain, or with a drawer or value kind the tests lack, is named here."
