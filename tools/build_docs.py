@@ -425,7 +425,8 @@ def contents_html(nav, pages):
 RENAMED = {                                    # notebook stem before the course was reordered -> its stem now
     '05_checkpointing': '07_checkpointing', '05a_cnn_layers': '06_cnn_layers', '05b_classifier': '05_classifier',
     '05c_planner': '07c_planner', '05d_checkpointing_machinery': '07d_checkpointing_machinery',
-    '06_coming_from': '08_coming_from', '07_scipy_in_the_loss': '09_scipy_in_the_loss'}
+    '06_coming_from': '11_coming_from', '07_scipy_in_the_loss': '12_scipy_in_the_loss',
+    '08_coming_from': '11_coming_from', '09_scipy_in_the_loss': '12_scipy_in_the_loss'}
 
 def redirect_html(target, title):
     "A page that sends the browser on to `target` at once (meta refresh), with a link for one that doesn't."
