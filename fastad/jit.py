@@ -696,6 +696,7 @@ def _compile(self: Program, reuse=True):
         fn = op.fn
         if j in scalars: call = scalars[j].format(*[_render(a, ns) for a in op.args])
         elif reuse and (fn is np.sum or fn is np.ndarray.sum) and (rows := self._row_sum(op, ns)) is not None: call = rows
+        elif reuse and fn is np.where and (select := self._select(op, ns)) is not None: call = select
         elif fn in _VIEWS and reuse and (view := self._view(op)) is not None:
             ns[f"f{j}"] = view; call = f"f{j}({args[1:-1].rstrip(', ')})"
         elif fn is operator.getitem: call = f"{_render(op.args[0], ns)}[{_render(op.args[1], ns)}]"
@@ -733,7 +734,7 @@ _SCALAR_OPS = {np.add: '{0} + {1}', np.subtract: '{0} - {1}', np.multiply: '{0} 
                np.exp: '(_mexp({0}) if {0} < 700.0 else _npexp({0}))', np.tanh: '_mtanh({0})',
                np.log: '(_mlog({0}) if {0} > 0.0 else _nplog({0}))'}
 _SCALAR_NAMES = dict(_msin=math.sin, _mcos=math.cos, _mexp=math.exp, _mtanh=math.tanh, _mlog=math.log, _npsin=np.sin,
-                     _npcos=np.cos, _npexp=np.exp, _nplog=np.log, _f64=np.float64, _summed_rows=lambda *a: _summed_rows(*a))
+                     _npcos=np.cos, _npexp=np.exp, _nplog=np.log, _f64=np.float64, _summed_rows=lambda *a: _summed_rows(*a), _masked=lambda m, a: _masked(m, a))
 
 @patch
 def _scalars(self: Program):
@@ -796,6 +797,30 @@ def _row_sum(self: Program, op, ns):
     name = f"rows{len(ns)}"
     ns[name] = (np.ones(rows, g.dtype), g.size // rows, np.shape(r), lambda g: np.sum(g, axis=axes))
     return f"_summed_rows({_render(op.args[0], ns)}, *{name})"
+
+# %% ../nbs/03i_jit_machinery.ipynb #j1mask01
+_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+def _masked(mask, a):
+    "`np.where(mask, a, 0)`, bit for bit, as an AND of `a`'s bits with the mask widened to all ones or zeros."
+    u = _BITS[a.itemsize]
+    k = mask.view(np.uint8).astype(u)
+    np.negative(k, out=k)                          # True: all ones; False: 0
+    out = np.empty(a.shape, a.dtype)
+    np.bitwise_and(a.view(u), k, out=out.view(u))
+    return out
+
+@patch
+def _select(self: Program, op, ns):
+    """`np.where(mask, g, 0)` (ReLU's and max pooling's backward) chooses per entry, and NumPy's loop mispredicts a
+    branch on a random mask: several times slower than a product. For a float `g` and a bool mask of its shape the
+    replay ANDs the bits instead: the same zeros (+0.0), the same values, NaN and infinities where the mask is True."""
+    if len(op.args) != 3 or op.kwargs or len(op.outs) != 1 or type(op.args[0]) is not _Slot or type(op.args[1]) is not _Slot: return None
+    m, a, zero, r = self.values[op.args[0].i], self.values[op.args[1].i], op.args[2], self.values[op.outs[0]]
+    if type(zero) not in (int, float) or zero != 0 or math.copysign(1.0, zero) < 0: return None
+    if not all(type(v) is np.ndarray for v in (m, a, r)) or m.dtype != np.bool_ or a.dtype.kind != 'f': return None
+    if not (m.shape == a.shape == r.shape and r.dtype == a.dtype and r.flags.c_contiguous and a.itemsize in _BITS): return None
+    return f"_masked({_render(op.args[0], ns)}, {_render(op.args[1], ns)})"
 
 # %% ../nbs/03i_jit_machinery.ipynb #1f18f311
 @patch

@@ -336,3 +336,15 @@ def test_a_cnn_step_replays_on_the_strict_device_backend():
             return [float(fd.to_host(l)) for l in losses], [fd.to_host(p) for p in fd.tree.flatten(model)[0]]
     (eager_losses, eager_p), (jit_losses, jit_p) = run(False), run(True)
     assert _close(jit_losses, eager_losses, 1e-12) and all(_close(a, b, 1e-12) for a, b in zip(jit_p, eager_p))
+
+def test_a_masked_gradient_replays_as_a_bitwise_select_equal_to_np_where():
+    "np.where(mask, g, 0) on a random mask (ReLU's backward) is an AND of the bits in the replay: bit for bit the same."
+    f = lambda x, g: np.where(x > 0, g, 0)
+    fast = jit(f)
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        x, g = rng.normal(size=(50, 7)).astype(dtype), rng.normal(size=(50, 7)).astype(dtype)
+        g[0, :3] = [np.nan, np.inf, -0.0]; x[0, :3] = [-1, -1, 1]
+        for _ in range(3): got = fast(x, g)
+        assert got.dtype == dtype and np.array_equal(got.view(f"u{got.itemsize}"), f(x, g).view(f"u{got.itemsize}"))
+    assert all('_masked(' in p.source for p in fast.programs.values())
