@@ -666,6 +666,7 @@ class Program:
         self.results = sorted(set(_slots_of(out_tpl, []) + [s for _, _, tpl, _ in effects for s in _slots_of(tpl, [])]))
         self.live = self._eliminate()
         self.replay, self.source = self._compile()
+        self.build = _builder(self)
 
     def _eliminate(self):
         "Dead-code elimination: keep the ops that make a result, write in place, or check, and the ops they read."
@@ -726,6 +727,42 @@ def _compile(self: Program, reuse=True):
     source = '\n'.join(lines)
     exec(compile(source, '<fd.jit program>', 'exec'), ns)
     return ns['replay'], source
+
+# %% ../nbs/03i_jit_machinery.ipynb #j1build1
+def _made(cls, fields):
+    "A new object of `cls` (a gradient's model) with `fields`, as `_built` makes it."
+    new = object.__new__(cls)
+    new.__dict__.update(fields)
+    return new
+
+def _expr(tpl, at, ns):
+    "Python source building template `tpl` from the replay's values `v` (`at`: slot -> position), objects `objs`, constants."
+    kind = tpl[0]
+    if kind == 'slot': return f"v[{at[tpl[1]]}]"
+    def named(x):
+        name = f"c{len(ns)}"; ns[name] = x; return name
+    if kind == 'scalar': return f"{named(tpl[2])}(v[{at[tpl[1]]}])"
+    if kind is tuple: return '(' + ''.join(_expr(o, at, ns) + ', ' for o in tpl[1]) + ')'
+    if kind is list: return '[' + ', '.join(_expr(o, at, ns) for o in tpl[1]) + ']'
+    if kind == 'named': return f"{named(tpl[1])}(" + ', '.join(_expr(o, at, ns) for o in tpl[2]) + ')'
+    if kind == 'dict': return f"dict(zip({named(tpl[1])}, (" + ''.join(_expr(o, at, ns) + ', ' for o in tpl[2]) + ')))'
+    if kind == 'obj': return f"objs[{tpl[1]}]"
+    if kind == 'new': return f"_made({named(type(tpl[1]))}, {{{', '.join(f'{n!r}: {_expr(s, at, ns)}' for n, s in tpl[2])}}})"
+    c = tpl[1]
+    return f"consts[{c.i}]" if type(c) is _Const else named(c)
+
+def _builder(program):
+    """The outputs' rebuild and the write-backs on the caller's objects as one generated function `build(v, objs)`,
+    instead of walking the templates on every call."""
+    at, ns = {s: k for k, s in enumerate(program.results)}, {'_made': _made, 'consts': program.consts, '_set': object.__setattr__}
+    lines = ["def build(v, objs):"]
+    for k, name, tpl, counter in program.effects:
+        value = _expr(tpl, at, ns)
+        if counter: value = f"{_expr(('const', counter), at, ns)}({value})"      # an int count stays an int
+        lines.append(f"    _set(objs[{k}], {name!r}, {value})")
+    lines.append(f"    return {_expr(program.out_tpl, at, ns)}")
+    exec(compile('\n'.join(lines), '<fd.jit outputs>', 'exec'), ns)
+    return ns['build']
 
 # %% ../nbs/03i_jit_machinery.ipynb #5997655b
 _SCALAR_OPS = {np.add: '{0} + {1}', np.subtract: '{0} - {1}', np.multiply: '{0} * {1}', np.negative: '-{0}',
@@ -927,13 +964,7 @@ def _trace(self: jit, args, parts, generators=None):
 # %% ../nbs/03i_jit_machinery.ipynb #68f0071e
 @patch
 def _replay(self: jit, program, parts):
-    values = program.replay(*parts.leaves)
-    slots = dict(zip(program.results, values)); slots['consts'] = program.consts
-    objs = parts.objs
-    for k, name, tpl, counter in program.effects:
-        v = _built(tpl, slots, objs)
-        object.__setattr__(objs[k], name, counter(v) if counter else v)
-    return _built(program.out_tpl, slots, objs)
+    return program.build(program.replay(*parts.leaves), parts.objs)
 
 # %% ../nbs/03i_jit_machinery.ipynb #a9118767
 @patch
