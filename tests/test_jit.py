@@ -348,3 +348,57 @@ def test_a_masked_gradient_replays_as_a_bitwise_select_equal_to_np_where():
         for _ in range(3): got = fast(x, g)
         assert got.dtype == dtype and np.array_equal(got.view(f"u{got.itemsize}"), f(x, g).view(f"u{got.itemsize}"))
     assert all('_masked(' in p.source for p in fast.programs.values())
+
+class _FakeCuPy:
+    "CuPy's names that the CUDA graph path uses, on the strict backend: a launch runs the captured calls into the same buffers."
+    def __init__(self, replay): self.replay, self.empty, self.zeros, self.launches = replay, fd.strict.empty, fd.strict.zeros, 0
+    @property
+    def cuda(self):
+        fake = self
+        class Graph:
+            def launch(self, stream):
+                fake.launches += 1
+                new, _ = fake.replay.device(*fake.replay.args)
+                for o, n in zip(fake.replay.outs, new): o[...] = n        # the graph writes its fixed output buffers
+        class Stream:
+            def __init__(self, non_blocking): assert non_blocking
+            def __enter__(self): return self
+            def __exit__(self, *exc): pass
+            def begin_capture(self): pass
+            def end_capture(self): return Graph()
+        import types
+        return types.SimpleNamespace(Stream=Stream)
+
+def test_the_cuda_graph_plan_and_replay_on_the_strict_backend():
+    "The plan (host numbers first, device scalars, fixed buffers) replayed through a stand-in of CuPy's graph API equals eager."
+    from fastad.jit import graph_plan, _GraphReplay, _Args
+    step = _step(lambda m, x, y: fd.mse(m(x), y))
+    with fd.use_backend('strict'):
+        A, r = fd.backend.asarray, np.random.default_rng(1)
+        def model(): return fd.Sequential([fd.Dense(weight=A(np.ones((4, 3)) * 0.3), bias=A(np.zeros(3)), activation=fd.relu),
+                                           fd.Dense(weight=A(np.ones((3, 1)) * 0.2), bias=A(np.zeros(1)))])
+        eager, traced = model(), model()
+        eager_opt, traced_opt = fd.AdamW(eager, fd.warmup_cosine_schedule(0.05, 2, 6)), fd.AdamW(traced, fd.warmup_cosine_schedule(0.05, 2, 6))
+        fast = jit(step, cuda_graph=True)
+        batches = [(A(r.normal(size=(8, 4))), A(r.normal(size=(8, 1)))) for _ in range(7)]
+        for x, y in batches[:3]: step(eager, eager_opt, x, y), fast(traced, traced_opt, x, y)   # not CuPy: a plain replay
+        program = list(fast.programs.values())[0]
+        plan = graph_plan(program)
+        assert plan.refused is None and plan.scalars and plan.host_ops and all(type(program.live[j].fn).__name__ != '_Check' for j in plan.device_ops)
+        graph = _GraphReplay(program, plan, cp=None)
+        graph.cp = _FakeCuPy(graph)
+        for x, y in batches[3:]:
+            parts = _Args((traced, traced_opt, x, y), ())
+            got = program.build(graph(parts.leaves), parts.objs)
+            assert _close(fd.to_host(got), fd.to_host(step(eager, eager_opt, x, y)), 1e-12)
+            for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): assert _close(fd.to_host(p), fd.to_host(q), 1e-12)
+        assert graph.cp.launches == 4 and traced_opt.updates == eager_opt.updates == 7
+
+def test_a_program_that_draws_is_not_captured_and_says_why():
+    from fastad.jit import graph_plan, _GraphReplay
+    rng = np.random.default_rng(1)
+    fast = jit(lambda net, x: net(x), generators=(rng,))
+    net = fd.Sequential([fd.Dropout(0.5, rng=rng)])
+    for _ in range(3): fast(net, np.ones(4))
+    program = list(fast.programs.values())[0]
+    with pytest.raises(JitError, match="cannot be captured: call 0 draws from a random generator"): _GraphReplay(program, graph_plan(program))
