@@ -1017,7 +1017,7 @@ def _same(p, q, name):
         raise JitError(f"fd.jit({name}): two traces of the same signature differ at {what}: the function reads a value "
                        f"that changes from call to call without being an argument (a random draw from a generator it does "
                        f"not take, a global array, an optimizer it does not take), so replaying a program would freeze "
-                       f"it. Pass it as an argument (the generator's draws: make them outside and pass the arrays; the "
+                       f"it. Pass it as an argument (a generator: declare it, fd.jit(f, generators=(rng,)), or make the draws outside and pass the arrays; the "
                        f"optimizer: step(model, optimizer, ...))")
     for i, (a, b) in enumerate(zip(p.ops, q.ops)):
         if type(a.fn) is _Check and type(b.fn) is _Check and not _same_fn(a.fn, b.fn):
