@@ -150,6 +150,7 @@ def _special_counts(flat):
     parts = (flat.real, flat.imag) if flat.dtype.kind == 'c' else (flat,)
     return tuple(_table_sums(m, np.int64)[0] for p in parts for m in (p != p, p == np.inf, p == -np.inf))
 
+# %% ../nbs/07d_checkpointing_machinery.ipynb #cB15b05
 def _float_fingerprint(leaf):
     "`_fingerprint` of a float or complex array: sums in float64 (complex128) over its finite entries, tolerances, special counts."
     xp, flat, eps = backend.array_module(leaf), leaf.reshape(-1), float(np.finfo(leaf.dtype).eps)

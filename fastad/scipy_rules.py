@@ -6,7 +6,7 @@
 __all__ = ['RULES', 'SQRT_PI', 'SQRT_2PI', 'LOG_2PI', 'STATS', 'logpmf_vjp', 'REGISTRATIONS', 'rule', 'polygamma', 'zeta_vjp',
            'polygamma_vjp', 'logsumexp_vjp', 'softmax_vjp', 'log_softmax_vjp', 'multivariate_normal_logpdf_vjp',
            'dirichlet_logpdf_vjp', 'multivariate_normal_frozen_logpdf_vjp', 'solve_triangular_vjp', 'cho_factor_vjp',
-           'cho_solve_vjp', 'expm_vjp', 'cholesky_vjp', 'convolve_vjp', 'correlate_vjp', 'register_scipy',
+           'cho_solve_vjp', 'cholesky_vjp', 'expm_vjp', 'convolve_vjp', 'correlate_vjp', 'register_scipy',
            'unregister_scipy', 'scipy_functions', 'supported_functions', 'install']
 
 # %% ../nbs/03g_scipy.ipynb #sp6f2496
@@ -39,6 +39,15 @@ def rule(path, *serves):
     return decorate
 
 # %% ../nbs/03g_scipy.ipynb #spe28e77
+SQRT_PI, SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
+
+def polygamma(n, x):
+    "ψ⁽ⁿ⁾(x) from ufuncs alone (SciPy's `polygamma` converts its arguments to host arrays): ψ, or (-1)ⁿ⁺¹ n! ζ(n+1, x)."
+    if np.ndim(n) == 0:                                      # one order: no where on a Python bool (CuPy's needs arrays)
+        return _special.digamma(x) if n == 0 else np.float64(-1.0) ** (n + 1) * _special.gamma(n + 1.0) * _special.zeta(n + 1, x)
+    m = np.where(n == 0, 1, n)                               # an array of orders holding 0: ψ there (ζ(1, x) is inf)
+    return np.where(n == 0, _special.digamma(x), (-1.0) ** (m + 1) * _special.gamma(m + 1) * _special.zeta(m + 1, x))
+
 def _unary(name, value, slope):
     "Register `scipy.special.name(x)`: its value `value(x)` and derivative `slope(x, ans)`, both written with ufuncs."
     @rule(f'scipy.special.{name}')
@@ -48,26 +57,6 @@ def _unary(name, value, slope):
     vjp.__name__ = vjp.__qualname__ = f'{name}_vjp'
     vjp.__doc__ = f"scipy.special.{name}: g times its slope, written with ufuncs so that it differentiates again."
     return vjp
-
-def _binary(name, value, dx, dy):
-    "Register `scipy.special.name(x, y)`: partial derivatives `dx(x, y)` and `dy(x, y)`, each cotangent summed back to its input's shape."
-    @rule(f'scipy.special.{name}')
-    def vjp(x, y):
-        sx, sy = np.shape(x), np.shape(y)
-        return value(x, y), lambda g: (unbroadcast(g * dx(x, y), sx), unbroadcast(g * dy(x, y), sy))
-    vjp.__name__ = vjp.__qualname__ = f'{name}_vjp'
-    vjp.__doc__ = f"scipy.special.{name}: g times each partial derivative, summed back to each input's shape."
-    return vjp
-
-# %% ../nbs/03g_scipy.ipynb #spd32e6f
-SQRT_PI, SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
-
-def polygamma(n, x):
-    "ψ⁽ⁿ⁾(x) from ufuncs alone (SciPy's `polygamma` converts its arguments to host arrays): ψ, or (-1)ⁿ⁺¹ n! ζ(n+1, x)."
-    if np.ndim(n) == 0:                                      # one order: no where on a Python bool (CuPy's needs arrays)
-        return _special.digamma(x) if n == 0 else np.float64(-1.0) ** (n + 1) * _special.gamma(n + 1.0) * _special.zeta(n + 1, x)
-    m = np.where(n == 0, 1, n)                               # an array of orders holding 0: ψ there (ζ(1, x) is inf)
-    return np.where(n == 0, _special.digamma(x), (-1.0) ** (m + 1) * _special.gamma(m + 1) * _special.zeta(m + 1, x))
 
 _unary('gammaln', lambda x: _special.gammaln(x), lambda x, ans: _special.digamma(x))
 _unary('digamma', lambda x: _special.digamma(x), lambda x, ans: polygamma(1, x)).serves += ('scipy.special.psi',)   # one ufunc, two names
@@ -84,6 +73,17 @@ _unary('i0e', lambda x: _special.i0e(x), lambda x, ans: _special.i1e(x) - np.sig
 # I1'(x) = I0(x) - I1(x)/x, whose limit at 0 is 1/2; the scaling exp(-|x|) adds -sign(x) i1e(x)
 _unary('i1e', lambda x: _special.i1e(x),
        lambda x, ans: _special.i0e(x) - np.where(x == 0, 0.5, ans / np.where(x == 0, 1.0, x)) - np.sign(x) * ans)
+
+# %% ../nbs/03g_scipy.ipynb #spd32e6f
+def _binary(name, value, dx, dy):
+    "Register `scipy.special.name(x, y)`: partial derivatives `dx(x, y)` and `dy(x, y)`, each cotangent summed back to its input's shape."
+    @rule(f'scipy.special.{name}')
+    def vjp(x, y):
+        sx, sy = np.shape(x), np.shape(y)
+        return value(x, y), lambda g: (unbroadcast(g * dx(x, y), sx), unbroadcast(g * dy(x, y), sy))
+    vjp.__name__ = vjp.__qualname__ = f'{name}_vjp'
+    vjp.__doc__ = f"scipy.special.{name}: g times each partial derivative, summed back to each input's shape."
+    return vjp
 
 # x·log y is 0 wherever x is 0 (SciPy's convention), so its slope in y is 0 there too, also where y is 0 (or -1).
 # (x a Python number: `as_mask` makes `x == 0` a NumPy bool, which CuPy's where takes; a Python bool it refuses)
@@ -374,6 +374,7 @@ def solve_triangular_vjp(a, b, trans=0, lower=False, unit_diagonal=False, overwr
         return _triangle(outer, lower, unit_diagonal), gb, None, None, None, None, None
     return x, pullback
 
+# %% ../nbs/03g_scipy.ipynb #sp598a38
 @rule('scipy.linalg.cho_factor')
 def cho_factor_vjp(a, lower=False, overwrite_a=False, check_finite=True):
     """(c, lower): a's Cholesky factor, differentiated as numpy.linalg.cholesky is. SciPy leaves the other triangle
@@ -398,6 +399,13 @@ def cho_solve_vjp(c_and_lower, b, overwrite_b=False, check_finite=True):
         return (gc, None), gb, None, None
     return value, pullback
 
+@rule('scipy.linalg.cholesky')
+def cholesky_vjp(a, lower=False, overwrite_a=False, check_finite=True):
+    "a's Cholesky factor, upper (uᵀu = a, read from a's upper triangle) unless `lower`: cho_factor's rule."
+    (c, _), pb = cho_factor_vjp(a, lower)
+    return c, lambda g: pb((g, None))
+
+# %% ../nbs/03g_scipy.ipynb #sp10a007
 @rule('scipy.linalg.expm')
 def expm_vjp(A):
     """exp(A). Its pullback is the Fréchet derivative at Aᵀ in the direction g, read from the top-right block of
@@ -409,13 +417,6 @@ def expm_vjp(A):
         block = np.concatenate([np.concatenate([At, g], axis=-1), np.concatenate([zeros, At], axis=-1)], axis=-2)
         return _linalg.expm(block)[..., :n, n:]
     return _linalg.expm(A), pullback
-
-# %% ../nbs/03g_scipy.ipynb #sp598a38
-@rule('scipy.linalg.cholesky')
-def cholesky_vjp(a, lower=False, overwrite_a=False, check_finite=True):
-    "a's Cholesky factor, upper (uᵀu = a, read from a's upper triangle) unless `lower`: cho_factor's rule."
-    (c, _), pb = cho_factor_vjp(a, lower)
-    return c, lambda g: pb((g, None))
 
 # %% ../nbs/03g_scipy.ipynb #sp658cfb
 def _full_offsets(mode, s1, s2):

@@ -182,6 +182,7 @@ def _says_float(annotation):
     return (annotation is float or annotation == 'float'
             or isinstance(annotation, type) and issubclass(annotation, np.floating))
 
+# %% ../nbs/03c_tree.ipynb #t3c10003
 class _Fields:
     "A dataclass's `__init__` fields, which of them are differentiable, and how to build one from them: worked out once per class."
     __slots__ = ('cls', 'fields', 'names', 'differentiable', 'stores', 'in_dict', 'takes', 'declared', 'own_init', 'checks',
@@ -263,6 +264,8 @@ def check_undeclared(self: _Fields, x, where, found=None):
         f"{_label(where)}.{name} is {type_description(v)} set on the model after it was made, but it is not a field of {cls}: "
         f"fastad differentiates a model's fields and builds its copies from them, so it would be left out. To train "
         f"it, {_FIELD_FORM}; to keep it fixed, declare `{name}: object = fd.nondifferentiable(default=None)` and pass it in")
+
+# %% ../nbs/03c_tree.ipynb #t3c10004
 @patch
 def carry_settings(self: _Fields, x, new):
     """Give `new`, built from `x`'s fields, the settings of `x`: attributes that shadow a plain class attribute
@@ -339,6 +342,7 @@ def labelled_items(x, where):
     if isinstance(x, tuple) and hasattr(x, '_fields'): return [(f"{where}.{n}", v, True) for n, v in zip(x._fields, x)]
     return [(f"{where}[{k!r}]", v, True) for k, v in items(x)]
 
+# %% ../nbs/03c_tree.ipynb #t3c10008
 def flatten(x, where='argument', arguments=False, static_ok=False):
     """`(leaves, rebuild)`: the differentiable leaves of `x`, and a function from new leaves to a new `x`.
     With `arguments=True`, `x` is a tuple of function arguments (named that way in error messages); with
