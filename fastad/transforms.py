@@ -50,6 +50,7 @@ class ZeroDerivativeWarning(UserWarning):
     "The result does not depend on the differentiated arguments: their derivative is always zero."
 
 def zero_cotangent(x):
+    "The zero cotangent of `x`: 0.0 for a float, a zero of its type for a NumPy scalar, else zeros like it."
     if type(x) is float: return 0.0
     if isinstance(x, np.generic): return type(x)(0)
     return np.zeros_like(x)

@@ -305,6 +305,7 @@ def _is_complex(x):
     return isinstance(x, complex) or getattr(getattr(x, 'dtype', None), 'kind', None) == 'c'
 
 def type_description(x):
+    "What `x` is, for error messages: 'an integer (int)', 'a complex number (ndarray of complex128)', 'a list'."
     if _is_integer(x): return f"an integer ({type(x).__name__}{'' if np.ndim(x) == 0 else ' of ' + str(x.dtype)})"
     if _is_complex(x): return f"a complex number ({type(x).__name__}{'' if np.ndim(x) == 0 else ' of ' + str(x.dtype)})"
     return f"a {type(x).__name__}"
