@@ -6,11 +6,11 @@
 __all__ = ['GROUPS', 'put_along_axis', 'supported_functions']
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #49a400dd
-import operator
+import operator, sys
 import numpy as np
 from . import primitives as P
 from .primitives import axes_of
-from .engine import Traced, apply, unbox, complex_error
+from .engine import Traced, apply, unbox, complex_error, new_traced
 from .traced_array import refuse_out, ufunc_keywords, ufunc_name, ARRAY_METHODS   # NumPy's dispatch is caught there
 from .primitives import register, register_adapters
 from .errors import DifferentiationError
@@ -653,15 +653,38 @@ def _logspace(start, stop, num=50, endpoint=True, base=10.0, dtype=None, axis=0)
     return y if dtype is None else y.astype(dtype)
 
 def _full_like(a, fill_value, dtype=None, order='K', subok=True, shape=None, **kw):
-    if type(fill_value) is not Traced: return np.full_like(unbox(a), fill_value, dtype=dtype, shape=shape)
+    if type(fill_value) is not Traced: return _constant(a, np.full_like(unbox(a), fill_value, dtype=dtype, shape=shape))
     target = np.shape(a) if shape is None else shape
     out = np.broadcast_to(fill_value, target)
     return out.astype(dtype or np.result_type(unbox(a))) if dtype or hasattr(unbox(a), 'dtype') else out
 
 def _copyto(dst, src, casting='same_kind', where=True):
     raise DifferentiationError("numpy.copyto writes into `dst` in place, which cannot be differentiated (np.full(shape, x) "
-                               "and np.full_like(plain, x) use it); build a new array instead: np.broadcast_to(x, shape), np.where or np.stack")
+                               "and np.full_like(plain, x) use it); build a new array instead: np.full_like(x, x, shape=shape), "
+                               "x * np.ones(shape), np.broadcast_to(x, shape), np.where or np.stack; or write into a traced "
+                               "array, dst[...] = src (dst = np.zeros_like(x) of a traced x)")
 
+def _constant(a, value):
+    """`value`, made from traced `a` by np.zeros_like and its kin: a constant of a's recording if it is a float array, so
+    that `out[m] = g[m]` can record traced values into it (a plain array cannot: NumPy writes it itself). fastad's own
+    rules get the plain array, as before: they never write traced values into it, and a rule's `like=` argument may be
+    a traced value of the very recording the rule is running for."""
+    if type(a) is not Traced or not a._recording.active or getattr(value, 'dtype', None) is None or value.dtype.kind != 'f':
+        return value
+    f = sys._getframe(2)
+    while f is not None and f.f_globals.get('__name__', '').startswith(_DISPATCH): f = f.f_back
+    if f is not None and f.f_globals.get('__name__', '').startswith('fastad.'): return value
+    return new_traced(a._recording, value, ('constant', ()))
+
+_DISPATCH = ('numpy', 'fastad.dispatch', 'fastad.traced_array')   # the frames between the caller and `_constant`
+
+def _like(make):
+    "np.zeros_like, np.ones_like, np.empty_like of a traced array: `_constant`."
+    def adapter(a, *args, **kwargs): return _constant(a, make(unbox(a), *args, **kwargs))
+    adapter.__name__ = make.__name__
+    return adapter
+
+register_adapters({np.zeros_like: _like(np.zeros_like), np.ones_like: _like(np.ones_like), np.empty_like: _like(np.empty_like)})
 register_adapters({np.linspace: _linspace, np.logspace: _logspace, np.full_like: _full_like,
                    np.copy: lambda a, order='K', subok=False: a.copy()})   # a value of its own: a later `a += 1` leaves it alone
 register(np.copyto, adapt=_copyto, refused=True)      # its adapter explains the refusal: no derivative
@@ -730,7 +753,7 @@ GROUPS = {
     'joining and splitting': _names(np.concatenate, np.stack, np.vstack, np.hstack, np.dstack,
                                     np.column_stack, np.append, np.block, np.split, np.array_split, np.hsplit,
                                     np.vsplit, np.dsplit, np2.unstack),
-    'building arrays': _names(np.linspace, np.logspace, np.full_like, np.copy),
+    'building arrays': _names(np.linspace, np.logspace, np.zeros_like, np.ones_like, np.empty_like, np.full_like, np.copy),
     'linear algebra': _names(np.linalg.inv, np.linalg.solve, np.linalg.det, np.linalg.slogdet, np.linalg.cholesky,
                              np.linalg.eigh, np.linalg.eigvalsh, np.linalg.svd, np2.linalg.svdvals, np.linalg.pinv,
                              np.linalg.qr, np.linalg.matrix_power, np.linalg.cond),   # their rules: fastad.linalg (03a2)

@@ -15,7 +15,7 @@ from . import primitives as P
 from .errors import DifferentiationError
 from .tree import map_structure, flatten, is_container
 from . import logs_and_collector as logs     # the primitive log: one number read per operation
-from .locks import keeps, lock, lock_declared, lock_kept, note_view, refuse_written   # arrays the tape reads
+from .locks import keeps, lock, lock_declared, lock_kept, note_view, refuse_written, DEVICE_ARRAY, device_view   # arrays the tape reads
 # names that moved to those two modules, still importable from here
 from .logs_and_collector import trace, trace_primitives, PrimitiveLog, collector_tuned_for_tapes
 from .locks import ARGUMENT, lock_arguments, argument_roots, release, release_when_dropped, saved_array_written
@@ -40,7 +40,8 @@ class Traced:
     """A value being differentiated: it takes part in plain NumPy code and records what it meets on its recording.
     Its operators, array methods and NumPy's two protocols are in `fastad.traced_array`; `x op= y` and
     `x[key] = v` in `fastad.in_place`."""
-    __slots__ = ('value', '_recording', 'idx')   # not `trace`: `x.trace()` is NumPy's trace
+    __slots__ = ('value', '_recording', 'idx', '__weakref__')   # not `trace`: `x.trace()` is NumPy's trace; a weak
+                                                                 # reference tells a write whether a view is still alive
     __array_priority__ = 1000                     # NumPy asks a Traced operand first, even beside an ndarray
     def __repr__(self): return f"Traced({self.value!r}, level={self._recording.level})"
 
@@ -125,7 +126,9 @@ def apply(prim, args, kwargs=_NO_KWARGS):
                 if type(a) is np.ndarray and any(keeps(c, a) for c in chains if c is not None): lock(top, a, prim.name)
             if kwargs: lock_kept(top, prim.name, kwargs, chains)
     if top.written: refuse_written(top, prim.name, args)
-    if type(ans) is np.ndarray and ans.base is not None: note_view(top, ans)
+    if type(ans) is np.ndarray:
+        if ans.base is not None: note_view(top, ans)
+    elif DEVICE_ARRAY[type(ans)] and device_view(ans, *vals): note_view(top, ans)    # CuPy's, the strict backend's
     if logs.opened: logs.record('forward', prim.name)
     return new_traced(top, ans, (prim.name, parents))
 
@@ -140,13 +143,26 @@ def apply_one(prim, x, kwargs):
     if kwargs and recording.locks is not None:            # x[idx]: idx is kept
         if prim.kept is None: lock_kept(recording, prim.name, kwargs, (chain,))
         elif prim.kept: lock_declared(recording, prim, (x,), kwargs)
-    if type(ans) is np.ndarray and (ans.base is not None or ans is x.value): note_view(recording, ans)   # x[:1], x.T
     if logs.opened: logs.record('forward', prim.name)
     t = Traced.__new__(Traced)                        # new_traced, inlined
     tape = recording.tape
     t.value, t._recording, t.idx = ans, recording, len(tape)
     tape.append((prim.name, ((x.idx, chain),)))
+    if type(ans) is np.ndarray:                       # x[:1], x.T: t shares x's memory (a write to one is the other's)
+        if ans.base is not None or ans is x.value: note_view(recording, ans, t, x, ((prim, kwargs),))
+    elif type(ans) is not float:
+        if type(ans) is Traced: _note_nested(recording, ans, t, x, prim, kwargs)   # in a nested transform
+        elif DEVICE_ARRAY[type(ans)] and device_view(ans, x.value):
+            note_view(recording, ans, t, x, ((prim, kwargs),))    # CuPy's arrays, the strict backend's
     return t
+
+def _note_nested(recording, ans, t, x, prim, kwargs):
+    "`apply_one`'s note of a view where the values are traced by an outer transform: the arrays under them decide."
+    a, under = unbox(ans), unbox(x)
+    if type(a) is np.ndarray:
+        if a.base is None and a is not under: return
+    elif not DEVICE_ARRAY[type(a)] or not device_view(a, under): return
+    note_view(recording, a, t, x, ((prim, kwargs),))
 
 def apply_two(prim, x, y, kwargs=_NO_KWARGS):
     """`apply` for two operands of one recording (`x * y`): the same steps as the general path, unrolled.
@@ -283,12 +299,13 @@ def record(recording, name, args, ans, pullback, kwargs=_NO_KWARGS):
     if logs.opened: logs.record('forward', name)
     if not is_container(ans):
         _refuse_complex(name, ans)
-        if type(ans) is np.ndarray and ans.base is not None: note_view(recording, ans)
+        if type(ans) is np.ndarray and ans.base is not None or DEVICE_ARRAY[type(ans)] and device_view(ans, *args):
+            note_view(recording, ans)
         return new_traced(recording, ans, (name, parents))
     outs, rebuild = flatten(ans, where=f"the result of {name}", static_ok=True)
     for o in outs:
         _refuse_complex(name, o)
-        if type(o) is np.ndarray and o.base is not None: note_view(recording, o)
+        if type(o) is np.ndarray and o.base is not None or DEVICE_ARRAY[type(o)] and device_view(o): note_view(recording, o)
     if not outs: return ans                           # nothing differentiable came out: nothing to record
     entry = Outputs((name, parents))
     entry.specs = [_spec(o) for o in outs]

@@ -35,9 +35,10 @@ def ufunc_name(ufunc):
 # it into a NumPy array (`a[i] = x`), from C: the messages name both cases rather than guess which one this is.
 _INTO_A_NUMPY_ARRAY = (
     "If this is an in-place assignment into a plain NumPy array (`a[i] = x`), NumPy writes it itself and cannot record "
-    "it: write into a traced array instead, a = x * 0.0 or a = x.copy() from a traced x (a traced array records "
-    "`a[i] = v`), or build a new array with numpy.where(mask, x, a), numpy.concatenate or numpy.stack. "
-    "np.full(shape, x) cannot see x either: write np.full_like(x, x, shape=shape)")
+    "it: write into a traced array instead, a = np.zeros_like(x), a = x * 0.0 or a = x.copy() from a traced x (in a "
+    "pullback, np.zeros_like(g): a traced array records `a[i] = v`), or build a new array with numpy.where(mask, x, a), "
+    "numpy.concatenate or numpy.stack. np.full(shape, x) cannot see x either (NumPy makes the array, then writes x "
+    "into it): write np.full_like(x, x, shape=shape) or x * np.ones(shape)")
 
 def _conversion(what):
     "The error for turning a traced array into a plain value of kind `what`."
@@ -78,6 +79,7 @@ def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
         if ufunc in NONDIFFERENTIABLE: return ufunc(*unbox_all(inputs), **unbox_all(kwargs))
     elif method == 'reduce' and ufunc in _REDUCE_UFUNCS:
         return _REDUCE_UFUNCS[ufunc](*inputs, **{'axis': 0, **kwargs})    # a ufunc reduces axis 0 by default
+    elif method == 'at': return Traced.ufunc_at(ufunc, *inputs, **kwargs)   # np.add.at(y, idx, v): `fastad.in_place`
     raise _no_derivative(ufunc_name(ufunc) + ('' if method == '__call__' else f".{method}"))
 
 Traced.__array_ufunc__ = _array_ufunc

@@ -1031,13 +1031,13 @@ def test_item_assignment_changes_every_name_and_keeps_earlier_uses():
     np.testing.assert_array_equal(f(x), 22.0 + 3.0)
     np.testing.assert_array_equal(fd.gradient(f, x), [1., 12.])
 
-def test_item_assignment_into_a_view_or_with_a_traced_key_is_refused():
+def test_item_assignment_into_a_reshape_or_with_a_traced_key_is_refused():
     def view(x):
         y = x * 1.0
-        z = y[:2]
+        z = y.reshape(3, 1)
         z[0] = x[1]                               # NumPy would change y too
         return y
-    with pytest.raises(DifferentiationError, match=r"x\[key\] = v: x is a traced array that shares memory"): fd.gradient(lambda x: view(x).sum(), np.ones(3))
+    with pytest.raises(DifferentiationError, match=r"x\[key\] = v \(line .*: x shares memory"): fd.gradient(lambda x: view(x).sum(), np.ones(3))
     def key(x):
         y = x * 1.0
         y[x.astype(int)] = 1.0
