@@ -63,9 +63,9 @@ class Tracer:
     def __format__(self, spec): return format(self.value, spec)   # a printout at trace time, never a decision
     @property
     def __fastad_array_module__(self):
-        "For `fastad.backend.array_module`: NumPy for a NumPy array, a traced stand-in of the device module, None for a number."
+        "For `fastad.backend.array_module`: a traced stand-in of the array's module (its makers traced), None for a number."
         v = self.value
-        if type(v) is np.ndarray: return np
+        if type(v) is np.ndarray or isinstance(v, np.generic): return _traced_module(np, self._tr)
         if not _backend.is_array(v): return None
         return _traced_module(_backend.array_module(v), self._tr)
 
@@ -209,8 +209,8 @@ def _array(self, dtype=None, copy=None):
     module, file, line = _origin()
     raise JitError(f"fd.jit: {_site(file, line)} turns a traced array ({_describe(self.value)}) into a plain NumPy array, "
                    f"which the program cannot follow: np.array([x, y]) cannot see traced values (use np.stack), and "
-                   f"`a[i] = x` into an array made before the call cannot be recorded (make `a` inside the function, "
-                   f"np.zeros_like(x), or pass it as an argument)")
+                   f"`a[i] = x` into a plain array (np.zeros(5), made before the call or inside it) cannot be recorded: "
+                   f"make `a` from a traced array, np.zeros_like(x, shape=5), which traces, or pass it as an argument")
 Tracer.__array__ = _array
 
 # %% ../nbs/03i_jit_machinery.ipynb #7769896f
@@ -348,40 +348,13 @@ def _wrap(self: _Trace, r, path, outs, paths, args, kwargs):
 # %% ../nbs/03i_jit_machinery.ipynb #1e5f59e7
 _local = threading.local()
 _CREATORS = ('zeros', 'ones', 'empty', 'full', 'arange', 'eye', 'identity', 'linspace', 'tri', 'asarray', 'array', 'ascontiguousarray')
-_CONVERTERS = ('asarray', 'array', 'ascontiguousarray')   # traced only when given a traced value
-_originals = {name: getattr(np, name) for name in _CREATORS}
+_CONVERTERS = ('asarray', 'array', 'ascontiguousarray')   # on NumPy, traced only when given a traced value
 _patched_count = 0
 _patch_lock = threading.Lock()
 
-def _creator(name):
-    original = _originals[name]
-    def create(*args, **kwargs):
-        trace = getattr(_local, 'trace', None)
-        if trace is None: return original(*args, **kwargs)
-        if name in _CONVERTERS:
-            if not any(type(l) is Tracer for l in _leaves((args, kwargs))): return original(*args, **kwargs)
-        elif not _asked_by_name(name): return original(*args, **kwargs)
-        return trace.call(original, args, kwargs, name)
-    create.__name__, create.__doc__, create.__wrapped__ = name, original.__doc__, original
-    return create
-_creators = {name: _creator(name) for name in _CREATORS}
-
-# %% ../nbs/03i_jit_machinery.ipynb #ae50bfe8
-def _asked_by_name(name):
-    """Does the Python code that called us name `name` in its call (`np.zeros(...)`)? Compiled code (NumPy's random
-    generators) calls NumPy's makers too, from inside a call such as `rng.normal(...)`: it must get a plain array."""
-    f = sys._getframe(2)
-    try: line, end, col, end_col = list(f.f_code.co_positions())[f.f_lasti // 2]
-    except (AttributeError, IndexError, TypeError, ValueError): return name in linecache.getline(f.f_code.co_filename, f.f_lineno)
-    if line is None or col is None: return True
-    text = ''.join(linecache.getline(f.f_code.co_filename, n) for n in range(line, (end or line) + 1))
-    if not text: return True
-    if end == line: text = text[col:end_col]
-    return name + '(' in text.replace(' ', '')
-
 # %% ../nbs/03i_jit_machinery.ipynb #33779a0e
 class _Tracing:
-    "Within the block, NumPy's array makers called by this thread make traced arrays of `trace` (others' calls are untouched)."
+    "Within the block this thread traces into `trace`; the gradient of a NumPy scalar argument keeps its type."
     def __init__(self, trace): self.trace = trace
     def __enter__(self):
         global _patched_count, _as_gradient
@@ -389,7 +362,6 @@ class _Tracing:
         _local.trace = self.trace
         with _patch_lock:
             if _patched_count == 0:
-                for name, f in _creators.items(): setattr(np, name, f)
                 transforms = _transforms()
                 if _as_gradient is None: _as_gradient = transforms._as_gradient
                 transforms._as_gradient = _typed_gradient
@@ -400,9 +372,7 @@ class _Tracing:
         self.trace.active = False
         with _patch_lock:
             _patched_count -= 1
-            if _patched_count == 0:
-                for name, f in _originals.items(): setattr(np, name, f)
-                _transforms()._as_gradient = _as_gradient
+            if _patched_count == 0: _transforms()._as_gradient = _as_gradient
 
 def _transforms():
     from fastad import transforms
@@ -426,7 +396,8 @@ class _TracedFunction:
     __slots__ = ('f', 'name', 'tr', 'made', 'writes')
     def __init__(self, f, name, trace, made, writes=False): self.f, self.name, self.tr, self.made, self.writes = f, name, trace, made, writes
     def __call__(self, *args, **kwargs):
-        if not self.tr.active or not (self.made or any(type(l) is Tracer for l in _leaves((args, kwargs)))): return self.f(*args, **kwargs)
+        if not self.tr.active or not ((self.made and self.made != 'convert') or any(type(l) is Tracer for l in _leaves((args, kwargs)))):
+            return self.f(*args, **kwargs)
         return self.tr.call(self.f, args, kwargs, self.name, writes=self.writes)
     def __getattr__(self, method):                 # `xp.add.at(a, index, b)`: in place
         key = (self.name, method)
@@ -434,15 +405,20 @@ class _TracedFunction:
         return _TracedFunction(f, f"{self.name}.{method}", self.tr, False, writes=method == 'at')
 
 class _TracedModule:
-    "A device array module as fastad's rules see it through `array_module(tracer)` while tracing."
+    """An array module as fastad's code sees it through `array_module(tracer)` while tracing: its makers (`xp.zeros`)
+    make traced arrays, so that fastad's rules can write traced values into them. NumPy itself is left alone."""
     def __init__(self, module, trace): self._module, self._tr = module, trace
     def __getattr__(self, name):
         a = getattr(self._module, name)
         key = (self._module.__name__, name)
-        if isinstance(a, (types.ModuleType, types.SimpleNamespace)): a = _TracedModule(a, self._tr)
+        numpy = self._module.__name__.split('.')[0] == 'numpy'
+        if isinstance(a, (types.ModuleType, types.SimpleNamespace)):
+            if not numpy: a = _TracedModule(a, self._tr)
         elif callable(a) and not isinstance(a, type):   # one function per name, so that two traces compare equal
             f = _DEVICE_FNS.get(key) or _DEVICE_FNS.setdefault(key, a)
-            a = _TracedFunction(f, f"{key[0].rsplit('.', 1)[-1]}.{name}", self._tr, name in _CREATORS)
+            made = name in _CREATORS and ('convert' if numpy and name in _CONVERTERS else True)
+            if made or not numpy:                      # NumPy's other functions hand a call to the tracers themselves
+                a = _TracedFunction(f, f"{key[0].rsplit('.', 1)[-1]}.{name}", self._tr, made)
         self.__dict__[name] = a
         return a
 
@@ -586,6 +562,7 @@ def _template(x, trace, objs, seen=None):
     if t is dict: return ('dict', list(x), [_template(o, trace, objs) for o in x.values()])
     k = objs.get(id(x))
     if k is not None: return ('obj', k)
+    if t is _Drawing or t is _TracedModule: return ('const', _untraced(x))   # a declared generator, a module: itself
     if _is_object(x):                                  # a model made by the function (a gradient): its class and fields
         return ('new', x, [(n, _template(v, trace, objs)) for n, v in vars(x).items()])
     if t in _LITERALS or callable(x): return ('const', x)
@@ -615,6 +592,10 @@ def _slots_of(tpl, found):
     elif tpl[0] in ('named', 'dict'): [_slots_of(o, found) for o in tpl[2]]
     return found
 
+def _untraced(x):
+    "The generator a `_Drawing` draws from, the module a `_TracedModule` stands for."
+    return x._rng if type(x) is _Drawing else x._module
+
 def _concretized(x, seen=None):
     "`x` with its Tracers replaced by their values (models made in the function are changed in place)."
     t = type(x)
@@ -624,6 +605,7 @@ def _concretized(x, seen=None):
     if t is tuple or t is list: return t(_concretized(o) for o in x)
     if isinstance(x, tuple) and hasattr(x, '_fields'): return t(*(_concretized(o) for o in x))
     if t is dict: return {k: _concretized(v) for k, v in x.items()}
+    if t is _Drawing or t is _TracedModule: return _untraced(x)
     if _is_object(x):
         for name, v in list(vars(x).items()):
             n = _concretized(v)

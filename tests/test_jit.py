@@ -143,11 +143,43 @@ def test_writing_into_an_array_made_before_the_call_is_refused():
 
 def test_arrays_made_inside_are_traced():
     def scatter(x):
-        out = np.zeros(5)
+        out = np.zeros_like(x, shape=5)
         out[1:4] = x
         return out
     fast = jit(scatter)
     for v in (1., 2., 3.): np.testing.assert_array_equal(fast(np.full(3, v)), [0, v, v, v, 0])
+    def plain(x):
+        out = np.zeros(5)                                 # NumPy's own maker: a plain array, which the program cannot write
+        out[1:4] = x
+        return out
+    with pytest.raises(JitError, match=r"np.zeros_like\(x, shape=5\)"): jit(plain)(np.ones(3))
+
+def _run_without_source(code):
+    "Run `code` in a fresh Python from -c (no source file to read), returning its exit code and output."
+    import subprocess, sys, os
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return r.returncode, r.stdout + r.stderr
+
+def test_an_undeclared_draw_without_source_is_refused_not_a_crash():
+    "From `python -c` (no source to read) the draw ran NumPy's compiled generator on a tracer: a segmentation fault."
+    code = ("import numpy as np, fastad as fd\nrng = np.random.default_rng(0)\n"
+            "f = fd.jit(lambda x: x + rng.normal(size=x.shape))\nf(np.zeros(3))\n"
+            "try: f(np.zeros(3))\nexcept fd.FastADError as e: print(type(e).__name__, e)\n"
+            "g = fd.jit(lambda x: x + rng.normal(size=np.empty(4).shape))  # np.empty( in a comment\n"
+            "print(g(np.zeros(4)).shape)\n")
+    rc, out = _run_without_source(code)
+    assert rc == 0 and 'JitError' in out and 'random draw' in out, (rc, out)
+
+@pytest.mark.parametrize('f', [lambda x: np.pad(x, 1) * 2, lambda x: np.isin(x, np.array([1., 3.])) * x,
+                               lambda x: np.select([x > 1, x < 1], [x, -x]), lambda x: np.histogram(np.ones(4), bins=2)[0] * x[:2],
+                               lambda x: np.setdiff1d(np.arange(5.), np.array([1.]))[:3] * x])
+def test_numpys_own_python_functions_trace(f):
+    "np.pad, np.isin, np.select, np.histogram and np.setdiff1d make arrays with NumPy's makers inside: they stay plain."
+    fast = jit(f)
+    for v in (1., 2., 3.):
+        x = np.array([v, 2., 0.])
+        np.testing.assert_array_equal(fast(x), f(x))
 
 def test_a_stored_traced_value_is_refused():
     kept = []
