@@ -82,9 +82,11 @@ def _foreign(objs):
             return True
     return False
 
+_UFUNC_METHODS = {}    # (ufunc, method) -> one bound method (`np.add.at`), so that two traces call the same function
+
 def _ufunc(self, ufunc, method, *inputs, **kwargs):
     if _foreign(inputs) or _foreign(kwargs.get('out', ())): return NotImplemented
-    fn = ufunc if method == '__call__' else getattr(ufunc, method)
+    fn = ufunc if method == '__call__' else _UFUNC_METHODS.get((ufunc, method)) or _UFUNC_METHODS.setdefault((ufunc, method), getattr(ufunc, method))
     name = f"{ufunc.__name__}" + ('' if method == '__call__' else f".{method}")
     return self._tr.call(fn, inputs, kwargs, name, writes=method == 'at' or 'out' in kwargs)
 Tracer.__array_ufunc__ = _ufunc

@@ -434,3 +434,28 @@ def test_a_program_that_draws_is_not_captured_and_says_why():
     for _ in range(3): fast(net, np.ones(4))
     program = list(fast.programs.values())[0]
     with pytest.raises(JitError, match="cannot be captured: call 0 draws from a random generator"): _GraphReplay(program, graph_plan(program))
+
+@pytest.mark.parametrize('f', [lambda x: np.add.outer(x, x).sum(axis=0), lambda x: np.add.reduce(x) * x,
+                               lambda x: np.multiply.accumulate(x), lambda x: np.add.at(x, [0, 0], 1.0) or x])
+def test_ufunc_methods_replay(f):
+    "Each ufunc method (.outer, .reduce, .accumulate, .at) was a new bound method per trace: refused as 'differs'."
+    fast = jit(f)
+    for v in (1., 2., 3.):
+        np.testing.assert_array_equal(fast(np.array([v, 2., 3.])), f(np.array([v, 2., 3.])))
+    assert len(fast.programs) == 1
+
+def test_a_gradient_through_repeated_indices_and_an_embedding_step_replay():
+    "Fancy indexing's backward scatters with np.add.at: its gradient and an Embedding step equal eager under jit."
+    grad = lambda x: fd.gradient(lambda x: x[np.array([0, 0, 1])].sum(), x)
+    fast = jit(grad)
+    for v in (1., 2., 3.): np.testing.assert_array_equal(fast(np.full(3, v)), grad(np.full(3, v)))
+    def model(): return fd.Sequential([fd.Embedding(weight=np.random.default_rng(0).normal(size=(6, 3))), fd.Flatten(),
+                                       fd.Dense(weight=np.ones((6, 1)) * 0.1, bias=np.zeros(1))])
+    step = _step(lambda m, ids, y: fd.mse(m(ids), y))
+    eager, traced = model(), model()
+    eager_opt, traced_opt, fast_step = fd.SGD(eager, 0.1), fd.SGD(traced, 0.1), jit(step)
+    for ids in ([[0, 0], [1, 5]], [[2, 2], [2, 3]], [[5, 4], [0, 0]], [[1, 1], [1, 1]]):
+        ids, y = np.array(ids), np.ones((2, 1))
+        assert _close(step(eager, eager_opt, ids, y), fast_step(traced, traced_opt, ids, y), 1e-12)
+        for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): assert _close(p, q, 1e-12)
+    assert len(fast_step.programs) == 1
