@@ -653,7 +653,7 @@ def _logspace(start, stop, num=50, endpoint=True, base=10.0, dtype=None, axis=0)
     return y if dtype is None else y.astype(dtype)
 
 def _full_like(a, fill_value, dtype=None, order='K', subok=True, shape=None, **kw):
-    if type(fill_value) is not Traced: return _constant(a, np.full_like(unbox(a), fill_value, dtype=dtype, shape=shape))
+    if type(fill_value) is not Traced: return _like_constant(a, np.full_like(unbox(a), fill_value, dtype=dtype, shape=shape))
     target = np.shape(a) if shape is None else shape
     out = np.broadcast_to(fill_value, target)
     return out.astype(dtype or np.result_type(unbox(a))) if dtype or hasattr(unbox(a), 'dtype') else out
@@ -664,7 +664,7 @@ def _copyto(dst, src, casting='same_kind', where=True):
                                "x * np.ones(shape), np.broadcast_to(x, shape), np.where or np.stack; or write into a traced "
                                "array, dst[...] = src (dst = np.zeros_like(x) of a traced x)")
 
-def _constant(a, value):
+def _like_constant(a, value):
     """`value`, made from traced `a` by np.zeros_like and its kin: a constant of a's recording if it is a float array, so
     that `out[m] = g[m]` can record traced values into it (a plain array cannot: NumPy writes it itself). fastad's own
     rules get the plain array, as before: they never write traced values into it, and a rule's `like=` argument may be
@@ -676,11 +676,11 @@ def _constant(a, value):
     if f is not None and f.f_globals.get('__name__', '').startswith('fastad.'): return value
     return new_traced(a._recording, value, ('constant', ()))
 
-_DISPATCH = ('numpy', 'fastad.dispatch', 'fastad.traced_array')   # the frames between the caller and `_constant`
+_DISPATCH = ('numpy', 'fastad.dispatch', 'fastad.traced_array')   # the frames between the caller and `_like_constant`
 
 def _like(make):
-    "np.zeros_like, np.ones_like, np.empty_like of a traced array: `_constant`."
-    def adapter(a, *args, **kwargs): return _constant(a, make(unbox(a), *args, **kwargs))
+    "np.zeros_like, np.ones_like, np.empty_like of a traced array: `_like_constant`."
+    def adapter(a, *args, **kwargs): return _like_constant(a, make(unbox(a), *args, **kwargs))
     adapter.__name__ = make.__name__
     return adapter
 
