@@ -47,17 +47,17 @@ class Tracer:
     __array_priority__ = 200
     __hash__ = None
     def __init__(self, value, slot, trace): self.value, self.slot, self._tr = value, slot, trace
-    shape = property(lambda s: s.value.shape)
+    shape = property(lambda s: s.value.shape if s.slot not in s._tr.ragged else _ragged_read(s, 'shape'))
     dtype = property(lambda s: s.value.dtype)
     ndim = property(lambda s: s.value.ndim)
-    size = property(lambda s: s.value.size)
+    size = property(lambda s: s.value.size if s.slot not in s._tr.ragged else _ragged_read(s, 'size'))
     itemsize = property(lambda s: s.value.itemsize)
     nbytes = property(lambda s: s.value.nbytes)
     base = property(lambda s: getattr(s.value, 'base', None))   # only ever compared with None: static for a signature
     flags = property(lambda s: s.value.flags)
     strides = property(lambda s: s.value.strides)       # static too: the signature holds each argument's strides
-    def __len__(self): return len(self.value)
-    def __iter__(self): return (self[i] for i in range(len(self.value)))
+    def __len__(self): return len(self.value) if self.slot not in self._tr.ragged else _ragged_read(self, 'len')
+    def __iter__(self): return (self[i] for i in range(len(self)))
     def __repr__(self): return f"Tracer({_describe(self.value)}, at trace time {np.array2string(np.asarray(self.value), threshold=6)})"
     __str__ = __repr__
     def __format__(self, spec): return format(self.value, spec)   # a printout at trace time, never a decision
@@ -93,7 +93,11 @@ Tracer.__array_ufunc__ = _ufunc
 
 def _function(self, func, types, args, kwargs):
     if any(t is not Tracer and t is not np.ndarray for t in types): return NotImplemented
-    if func in _STATIC: return func(*_values(args), **_values(kwargs))
+    if func in _STATIC:
+        if (func is np.shape or func is np.size) and type(args[0]) is Tracer and args[0].slot in self._tr.ragged:
+            r = _ragged_read(args[0], 'shape')
+            return r if func is np.shape else func(*_values(args), **_values(kwargs))
+        return func(*_values(args), **_values(kwargs))
     return self._tr.call(func, args, kwargs, func.__name__, writes=func is np.copyto or 'out' in kwargs)
 Tracer.__array_function__ = _function
 
@@ -164,7 +168,8 @@ Tracer.__setitem__ = _setitem
 
 # %% ../nbs/03i_jit_machinery.ipynb #b70e6fac
 _CASTS = {'__bool__': bool, '__float__': float, '__int__': int, '__index__': operator.index, '__complex__': complex,
-          'item': lambda v: v.item(), 'tolist': lambda v: v.tolist()}
+          'item': lambda v: v.item(), 'tolist': lambda v: v.tolist(), 'shape': np.shape, 'size': np.size, 'len': len}
+_SIZES = ('shape', 'size', 'len')     # what a check reads of an array whose size depends on the data
 
 def _kind(x):
     "What a NaN test asks of a float: is it finite, NaN, or infinite?"
@@ -179,12 +184,34 @@ class _Check:
         self.__name__ = 'check'
     def __call__(self, v):
         got = _CASTS[self.what](v)
+        if self.what in _SIZES and got != self.expected:
+            raise JitError(f"fd.jit: an array whose size depends on the data (np.nonzero, x[mask], np.unique) has "
+                           f"{self.what} {got!r} on this call, {self.expected!r} when the program was traced, and fastad's "
+                           f"code at {self.site} computes with it: call the function without fd.jit, or keep the shape "
+                           f"fixed with a mask (np.where(mask, x, 0))")
         if (_kind(got) if self.floating else got) != self.expected:
             raise JitError(f"fd.jit: fastad's check at {self.site} decides otherwise on this call than when the program "
                            f"was traced ({self.expected!r} then), so the program does not hold for these values: call "
                            f"the function without fd.jit for them")
     def __repr__(self):
         return f"{self.what.strip('_')}() {'is ' + self.expected if self.floating else '== ' + repr(self.expected)}, as at {self.site.split(':')[0]}"
+
+def _ragged_read(t, what):
+    """`.shape`, `.size` or `len()` of a tracer whose size depends on the data (np.nonzero, x[mask]): in fastad's code a
+    check the replay repeats; in the user's code a refusal, since the program would freeze this call's count."""
+    module, file, line = _origin()
+    value = _CASTS[what](t.value)
+    if module.startswith('fastad.'):
+        if (t.slot, what) not in t._tr.sizes_checked:
+            t._tr.sizes_checked.add((t.slot, what))
+            t._tr.ops.append(_Op(_Check(what, value, _site(file, line)), (_Slot(t.slot),), {}, [], 'check', True, None))
+            t._tr.ops[-1].result_paths, t._tr.ops[-1].weak = [], False
+        return value
+    raise JitError(f"fd.jit: {_site(file, line)} reads the {what} of an array whose size depends on the values "
+                   f"({_describe(t.value)} on this call, made by np.nonzero, x[mask], np.unique or the like), which "
+                   f"differs from call to call, so a program cannot hold it. Keep the shape fixed with a mask: "
+                   f"np.where(mask, x, 0), (mask * x).sum(), mask.sum() for a count; or make the argument static: "
+                   f"fd.jit(f, static_argnums=...)")
 
 def _concrete(what, fix):
     def convert(self, *args):
@@ -244,6 +271,7 @@ class _Trace:
     def __init__(self):
         self.ops, self.consts, self.const_ids, self.values, self.checks, self.active = [], [], {}, [], [], True
         self.inputs, self.generic, self.modules, self.draws = [], {}, {}, 0   # generic: slot -> NumPy scalar type
+        self.ragged, self.sizes_checked = set(), set()  # slots whose size depends on the data; sizes checked
 
     def new(self, value):
         "A new slot holding `value`, as a Tracer."
@@ -308,7 +336,18 @@ def call(self: _Trace, fn, args, kwargs, name, writes=False):
     op.weak = weak
     op.result_paths = paths
     self.ops.append(op)
+    if outs and (fn in _RAGGED or fn is np.where and len(args) == 1 or fn is operator.getitem and _masking(args[1])
+                 or (self.ragged and any(s in self.ragged for s in _slots_in(op.args, [])))):
+        self.ragged.update(o for o in outs if np.ndim(self.values[o]))   # its size depends on the data
     return wrapped
+
+_RAGGED = {np.nonzero, np.flatnonzero, np.argwhere, np.unique, np.compress, np.extract, np.ndarray.nonzero,
+           np.ndarray.compress, np.setdiff1d, np.intersect1d, np.union1d, np.setxor1d, np.trim_zeros}
+
+def _masking(index):
+    "Does `index` hold a traced boolean mask (`x[x > 0]`), whose count of True entries sets the result's size?"
+    if type(index) is tuple: return any(_masking(i) for i in index)
+    return type(index) is Tracer and index.value.dtype == np.bool_
 
 # %% ../nbs/03i_jit_machinery.ipynb #f297e30b
 @patch
@@ -646,6 +685,7 @@ class Program:
     "What `jit` traced for one signature: the ops, the constants, the inputs and how to build the outputs."
     def __init__(self, trace, inputs, out_tpl, effects):
         self.ops, self.consts, self.values, self.inputs = trace.ops, trace.consts, trace.values, inputs
+        self.ragged = trace.ragged                 # slots whose size depends on the data: no buffer planned for them
         self.out_tpl, self.effects = out_tpl, effects
         self.results = sorted(set(_slots_of(out_tpl, []) + [s for _, _, tpl, _ in effects for s in _slots_of(tpl, [])]))
         self.live = self._eliminate()
@@ -809,7 +849,7 @@ def _summed_rows(g, ones, cols, shape, fallback):
 def _row_sum(self: Program, op, ns):
     """`g.sum(axis=0)` (a bias's gradient) of a float matrix: NumPy adds the rows of a narrow matrix several times
     slower than BLAS's matrix-vector product with a vector of ones, which eager fastad uses and the program keeps."""
-    if len(op.outs) != 1 or type(op.args[0]) is not _Slot: return None
+    if len(op.outs) != 1 or type(op.args[0]) is not _Slot or op.args[0].i in self.ragged: return None
     axis = op.kwargs.get('axis', op.args[1] if len(op.args) > 1 else None)
     if len(op.args) > 2 or set(op.kwargs) - {'axis'}: return None
     g, r = self.values[op.args[0].i], self.values[op.outs[0]]
@@ -839,6 +879,7 @@ def _select(self: Program, op, ns):
     branch on a random mask: several times slower than a product. For a float `g` and a bool mask of its shape the
     replay ANDs the bits instead: the same zeros (+0.0), the same values, NaN and infinities where the mask is True."""
     if len(op.args) != 3 or op.kwargs or len(op.outs) != 1 or type(op.args[0]) is not _Slot or type(op.args[1]) is not _Slot: return None
+    if op.outs[0] in self.ragged: return None
     m, a, zero, r = self.values[op.args[0].i], self.values[op.args[1].i], op.args[2], self.values[op.outs[0]]
     if type(zero) not in (int, float) or zero != 0 or math.copysign(1.0, zero) < 0: return None
     if not all(type(v) is np.ndarray for v in (m, a, r)) or m.dtype != np.bool_ or a.dtype.kind != 'f': return None
@@ -850,7 +891,7 @@ def _select(self: Program, op, ns):
 def _reusable(self: Program, op, j, last, results, views, made):
     "An input buffer of elementwise op `op` that dies here, owned, of the result's shape and dtype: written over."
     r = self.values[op.outs[0]]
-    if type(r) is not np.ndarray: return None
+    if type(r) is not np.ndarray or op.outs[0] in self.ragged: return None
     for a in op.args:
         if type(a) is not _Slot: continue
         s, v = a.i, self.values[a.i]
@@ -1004,6 +1045,11 @@ def _same(p, q, name):
                        f"it. Pass it as an argument (a generator: declare it, fd.jit(f, generators=(rng,)), or make the draws outside and pass the arrays; the "
                        f"optimizer: step(model, optimizer, ...))")
     for i, (a, b) in enumerate(zip(p.ops, q.ops)):
+        if type(a.fn) is _Check and type(b.fn) is _Check and not _same_fn(a.fn, b.fn) and a.fn.what in _SIZES:
+            raise JitError(f"fd.jit({name}): the two traces saw an array whose size depends on the data (np.nonzero, "
+                           f"x[mask], np.unique) with {a.fn.what} {a.fn.expected!r}, then {b.fn.expected!r}, and fastad's "
+                           f"code at {a.fn.site} computes with it: call the function without fd.jit, or keep the shape "
+                           f"fixed with a mask (np.where(mask, x, 0))")
         if type(a.fn) is _Check and type(b.fn) is _Check and not _same_fn(a.fn, b.fn):
             raise JitError(f"fd.jit({name}): fastad's code at {a.fn.site} reads a traced value ({a.fn.what.strip('_')}()) "
                            f"that differs between two calls ({a.fn.expected!r}, then {b.fn.expected!r}) and computes with "
@@ -1091,7 +1137,7 @@ def graph_plan(program):
             host_ops.append(j); host.update(op.outs); continue
         name = getattr(op.fn, '__name__', '')
         if name.startswith('rng.'): refused = refused or f"call {j} draws from a random generator ({op.name}), whose state lives on the host"
-        elif op.fn in _HOST_BOUND: refused = refused or f"call {j} ({op.name}) makes an array whose size only the device knows"
+        elif op.fn in _HOST_BOUND or any(o in program.ragged for o in op.outs): refused = refused or f"call {j} ({op.name}) makes an array whose size only the device knows"
         elif any(not _backend.is_array(values[o]) and not isinstance(values[o], np.generic) for o in op.outs):
             refused = refused or f"call {j} ({op.name}) gives a host value ({type(values[op.outs[0]]).__name__})"
         device_ops.append(j)

@@ -459,3 +459,34 @@ def test_a_gradient_through_repeated_indices_and_an_embedding_step_replay():
         assert _close(step(eager, eager_opt, ids, y), fast_step(traced, traced_opt, ids, y), 1e-12)
         for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): assert _close(p, q, 1e-12)
     assert len(fast_step.programs) == 1
+
+@pytest.mark.parametrize('f,line', [(lambda x: x * len(np.nonzero(x)[0]), 'len(np.nonzero(x)[0])'),
+                                    (lambda x: x * x[x > 0].shape[0], 'x[x > 0].shape[0]'),
+                                    (lambda x: x * sum(1 for i in np.nonzero(x)[0]), 'for i in np.nonzero(x)[0]'),
+                                    (lambda x: x * np.unique(x).size, 'np.unique(x).size'),
+                                    (lambda x: x * np.shape(np.argwhere(x))[0], 'np.argwhere(x)')])
+def test_a_size_that_depends_on_the_data_is_refused_not_frozen(f, line):
+    "The count of a mask was frozen into the program: [5, 1, 1, 1] gave [10, 2, 2, 2] on the third call, eager [20, 4, 4, 4]."
+    fast = jit(f)
+    with pytest.raises(JitError, match="size depends on the values") as e:
+        for x in ([1., 0, 2, 0], [0., 0, 3, 1], [5., 1, 1, 1]): np.testing.assert_array_equal(fast(np.array(x)), f(np.array(x)))
+    assert line in str(e.value) and 'np.where' in str(e.value) and 'static_argnums' in str(e.value)
+
+def test_masked_values_without_their_size_replay_and_fastads_size_reads_are_checked():
+    "x[x > 0].sum() reads no size in user code: it replays; a gradient whose rules read the masked size is checked."
+    total = jit(lambda x: x[x > 0].sum() * x)
+    for x in ([1., 0, 2, 0], [0., 0, 3, 1], [5., 1, 1, 1]):
+        x = np.array(x); np.testing.assert_array_equal(total(x), x[x > 0].sum() * x)
+    grad = lambda x: fd.gradient(lambda x: (x[x > 0] ** 2).sum(), x)
+    fast = jit(grad)
+    for x in ([1., -1, 2, 0], [3., -2, 1, -1], [0.5, -1, 2, -3]):      # two positives each time: replays
+        np.testing.assert_array_equal(fast(np.array(x)), grad(np.array(x)))
+    try: got = fast(np.array([1., 2, 3, 4]))                             # four positives: checked, never frozen
+    except JitError as e: assert 'size depends on the data' in str(e)
+    else: np.testing.assert_array_equal(got, grad(np.array([1., 2, 3, 4])))
+
+def test_two_traces_that_see_different_counts_say_so():
+    code = _fastad_code("def count(x):\n    return x * np.nonzero(x)[0].shape[0]\n")
+    fast = jit(code['count'])
+    fast(np.array([1., 0, 2]))
+    with pytest.raises(JitError, match=r"size depends on the data .* with shape \(2,\), then \(3,\)"): fast(np.array([1., 1, 2]))
