@@ -10,7 +10,7 @@ import linecache, math, operator, sys, threading, types
 import numpy as np
 from fastcore.basics import patch
 from .errors import FastADError
-from . import backend as _backend
+from . import backend as _backend, locks as _locks
 
 # %% ../nbs/03i_jit_machinery.ipynb #66c88a59
 class JitError(FastADError, TypeError):
@@ -403,9 +403,9 @@ class _Tracing:
         _local.trace = self.trace
         with _patch_lock:
             if _patched_count == 0:
-                transforms = _transforms()
-                if _as_gradient is None: _as_gradient = transforms._as_gradient
-                transforms._as_gradient = _typed_gradient
+                transforms, engine = _transforms(), _engine()
+                if _as_gradient is None: _as_gradient, _guard_kept[0] = transforms._as_gradient, engine.guard_kept
+                transforms._as_gradient, engine.guard_kept = _typed_gradient, _guard_kept_traced
             _patched_count += 1
     def __exit__(self, *exc):
         global _patched_count
@@ -413,12 +413,27 @@ class _Tracing:
         self.trace.active = False
         with _patch_lock:
             _patched_count -= 1
-            if _patched_count == 0: _transforms()._as_gradient = _as_gradient
+            if _patched_count == 0: _transforms()._as_gradient, _engine().guard_kept = _as_gradient, _guard_kept[0]
 
 def _transforms():
     from fastad import transforms
     return transforms
 _as_gradient = None                # transforms' own, once a trace has begun
+
+def _engine():
+    from fastad import engine
+    return engine
+_guard_kept = [None]               # the engine's own, once a trace has begun
+
+def _guard_kept_traced(recording, name, args, kwargs, chains):
+    """The engine's `guard_kept`, and for a tracer that a pullback keeps, its trace-time array locked read-only as eager
+    fastad locks the array itself: a later write into it (`x += 1`) fails while tracing as it fails eagerly."""
+    done = _guard_kept[0](recording, name, args, kwargs, chains)
+    for v in (*args, *kwargs.values()) if kwargs else args:
+        for a in v if type(v) is tuple else (v,):
+            if type(a) is Tracer and type(a.value) is np.ndarray and any(_locks.keeps(c, a) for c in chains if c is not None):
+                _locks.lock(recording, a.value, name)
+    return done
 
 def _typed_gradient(ct, primal, seen):
     """The gradient of a NumPy scalar argument (`np.float64(0.3)`) is a NumPy scalar of its type in eager fastad:

@@ -490,3 +490,16 @@ def test_two_traces_that_see_different_counts_say_so():
     fast = jit(code['count'])
     fast(np.array([1., 0, 2]))
     with pytest.raises(JitError, match=r"size depends on the data .* with shape \(2,\), then \(3,\)"): fast(np.array([1., 1, 2]))
+
+def test_a_write_into_an_array_a_pullback_keeps_is_refused_as_eagerly():
+    "Eager fastad locks x (read-only) while the pullback lives; jit returned the gradient with the modified x."
+    def f(w, x):
+        _, pb = fd.value_with_pullback(lambda w: (w * x).sum(), w)
+        x += 1
+        return pb(1.0)
+    w, x = np.ones(3), np.ones(3)
+    with pytest.raises(ValueError, match="read-only"): f(w, x)
+    fast = jit(f)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="read-only"): fast(w, x)
+    assert x.flags.writeable and np.all(x == 1)                   # given back once the trace is over, unchanged
