@@ -15,10 +15,7 @@ from . import primitives as P
 from .errors import DifferentiationError
 from .tree import map_structure, flatten, is_container
 from . import logs_and_collector as logs     # the primitive log: one number read per operation
-from .locks import keeps, lock, lock_declared, lock_kept, note_view, refuse_written, DEVICE_ARRAY, device_view   # arrays the tape reads
-# names that moved to those two modules, still importable from here
-from .logs_and_collector import trace, trace_primitives, PrimitiveLog, collector_tuned_for_tapes
-from .locks import ARGUMENT, lock_arguments, argument_roots, release, release_when_dropped, saved_array_written
+from .locks import guard_kept, with_copies, note_view, refuse_written, DEVICE_ARRAY, device_view   # arrays the tape reads
 
 # %% ../nbs/03b_engine.ipynb #4db5e0b8
 class Recording:
@@ -58,8 +55,6 @@ def alias(t):
     a = Traced.__new__(Traced)
     a.value, a._recording, a.idx = t.value, t._recording, t.idx
     return a
-
-_alias = alias     # the name `fastad.transforms` imports
 
 def is_traced(x):
     "Is `x` a value being differentiated?"
@@ -108,7 +103,11 @@ def apply(prim, args, kwargs=_NO_KWARGS):
     # an operand of an outer recording reaches the rule as an alias: its chains keep that, never the user's name for it
     vals = [(a.value if a._recording is top else alias(a)) if type(a) is Traced else a for a in args]
     ans, chains = prim.vwc(*vals, **kwargs)
-    if type(chains) is not tuple or type(ans) is tuple: return record(top, prim.name, args, ans, chains, kwargs)
+    # a user's array that a chain keeps must not change under it: locked, or (a device array) copied for the chain
+    if top.locks is not None and not guard_kept(top, prim.name, args, kwargs, chains if type(chains) is tuple else (chains,)):
+        vals, kwargs = with_copies(vals), with_copies(kwargs)      # kept where no copy can be put: run on copies
+        ans, chains = prim.vwc(*vals, **kwargs)
+    if type(chains) is not tuple or type(ans) is tuple: return record(top, prim.name, args, ans, chains)
     # A real input meets a complex constant only here (a Python number's fast path takes floats and ints), so
     # checking this path, and astype, keeps complex values off the tape without slowing the unary fast path.
     _refuse_complex(prim.name, ans)
@@ -119,12 +118,6 @@ def apply(prim, args, kwargs=_NO_KWARGS):
             shape = _shape(v)
             if shape != _shape(ans): chain = _unbroadcasting(chain, shape)
         parents.append((a.idx, chain))
-    if top.locks is not None:                         # a user's array that a chain keeps must not change under it
-        if prim.kept is not None: lock_declared(top, prim, args, kwargs)      # the rule says which (`keeps=`)
-        else:                                                                 # a custom rule: look into its chains
-            for a in args:
-                if type(a) is np.ndarray and any(keeps(c, a) for c in chains if c is not None): lock(top, a, prim.name)
-            if kwargs: lock_kept(top, prim.name, kwargs, chains)
     if top.written: refuse_written(top, prim.name, args)
     if type(ans) is np.ndarray:
         if ans.base is not None: note_view(top, ans)
@@ -140,9 +133,8 @@ def apply_one(prim, x, kwargs):
     recording = x._recording
     if not recording.active: raise used_after_its_transform()
     ans, chain = prim.vwc(x.value, **kwargs) if kwargs else prim.vwc(x.value)
-    if kwargs and recording.locks is not None:            # x[idx]: idx is kept
-        if prim.kept is None: lock_kept(recording, prim.name, kwargs, (chain,))
-        elif prim.kept: lock_declared(recording, prim, (x,), kwargs)
+    if kwargs and recording.locks is not None and not guard_kept(recording, prim.name, (), kwargs, (chain,)):
+        ans, chain = prim.vwc(x.value, **with_copies(kwargs))    # x[idx]: idx is kept (see `apply`)
     if logs.opened: logs.record('forward', prim.name)
     t = Traced.__new__(Traced)                        # new_traced, inlined
     tape = recording.tape
@@ -171,7 +163,10 @@ def apply_two(prim, x, y, kwargs=_NO_KWARGS):
     recording = x._recording
     if not recording.active: raise used_after_its_transform()
     ans, chains = prim.vwc(x.value, y.value, **kwargs) if kwargs else prim.vwc(x.value, y.value)
-    if type(chains) is not tuple: return record(recording, prim.name, (x, y), ans, chains, kwargs)   # a custom rule of `+`, say
+    if kwargs and recording.locks is not None and not guard_kept(recording, prim.name, (), kwargs,
+                                                                chains if type(chains) is tuple else (chains,)):
+        ans, chains = prim.vwc(x.value, y.value, **with_copies(kwargs))   # (see `apply`)
+    if type(chains) is not tuple: return record(recording, prim.name, (x, y), ans, chains)   # a custom rule of `+`, say
     cx, cy = chains
     if type(ans) is not float:                        # a float result came from two numbers: real, not broadcast
         _refuse_complex(prim.name, ans)               # (a float ** a float can be complex)
@@ -220,8 +215,6 @@ def _spec(v):
 def zeros_like_output(spec):
     "The cotangent of an output nobody used: zeros made from its `spec` (see `Outputs`)."
     return 0.0 if spec is None else spec[2].zeros(spec[0], spec[1])
-
-_zeros = zeros_like_output     # the name `fastad.drawing` imports
 
 # %% ../nbs/03b_engine.ipynb #fbfcfc80
 def backward(recording, seeds, consume=False):
@@ -280,21 +273,17 @@ def _collect_each(cts, places, cs, name):
         cts[j] = c if old is None else old + c
 
 # %% ../nbs/03b_engine.ipynb #rf000002
-def record(recording, name, args, ans, pullback, kwargs=_NO_KWARGS):
+def record(recording, name, args, ans, pullback):
     """Record rule `name`'s result `ans` from `args` on `recording`, with its `pullback`: one function giving every input's
     cotangent at once (a tuple when there are several inputs), or a tuple of one chain per input. A structured `ans`
-    (a tuple of arrays, say) is several outputs: a traced value each, rebuilt into its structure, one `Outputs` entry."""
+    (a tuple of arrays, say) is several outputs: a traced value each, rebuilt into its structure, one `Outputs` entry.
+    The user's arrays the pullback keeps are the caller's business (`apply`'s `guard_kept`)."""
     if type(pullback) is tuple:
         parents = tuple((a.idx, c) for a, c in zip(args, pullback)
                         if c is not None and type(a) is Traced and a._recording is recording)
-        kept = [c for c in pullback if c is not None]
     else:
         places = tuple(a.idx if type(a) is Traced and a._recording is recording else None for a in args)
-        parents, kept = ((places[0] if len(places) == 1 else places, pullback),), (pullback,)
-    if recording.locks is not None:                       # a user's array that the pullback keeps must not change under it
-        for a in args:
-            if type(a) is np.ndarray and any(keeps(c, a) for c in kept): lock(recording, a, name)
-        if kwargs: lock_kept(recording, name, kwargs, kept)
+        parents = ((places[0] if len(places) == 1 else places, pullback),)
     if recording.written: refuse_written(recording, name, args)
     if logs.opened: logs.record('forward', name)
     if not is_container(ans):

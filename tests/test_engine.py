@@ -886,7 +886,7 @@ def test_patched_methods_leave_the_module_without_a_module_getattr():
     "fastcore's @patch binds a function's name in the module; a module-level __getattr__ would catch every missing name."
     assert getattr(engine, '__getattr__', None) is None or not callable(engine.__getattr__)
     assert not hasattr(engine, 'no_such_name')
-    assert callable(engine.trace) and engine.trace is fd.trace
+    assert not hasattr(engine, 'trace') and not hasattr(engine, 'release')   # each name lives in its own module
 
 
 # ---------------------------------------------------------------- the lock release at interpreter exit
@@ -894,9 +894,9 @@ def test_patched_methods_leave_the_module_without_a_module_getattr():
 
 _RECORD = '''
 import numpy as np, weakref
-from fastad import engine
+from fastad import engine, locks
 r = engine.Recording(); r.locks = {}
-buf = np.ones(3); engine.lock(r, buf, 'multiply')
+buf = np.ones(3); locks.lock(r, buf, 'multiply')
 def pb(g): return g * buf                       # a pullback still held when the namespace goes
 '''
 # The callback as 03d's notebook defines it. Under nbdev_test the notebook runs in IPython, whose namespace is
@@ -906,11 +906,11 @@ _OLD_FORM = '''
 _pending_releases = set()
 def _release_when_dropped(pullback, trace):
     if not trace.locks: return
-    def dropped(ref): _pending_releases.discard(ref); engine.release(trace)
+    def dropped(ref): _pending_releases.discard(ref); locks.release(trace)
     _pending_releases.add(weakref.ref(pullback, dropped))
 _release_when_dropped(pb, r)
 '''
-_NEW_FORM = 'engine.release_when_dropped(pb, r)\n'
+_NEW_FORM = 'locks.release_when_dropped(pb, r)\n'
 # The program: record in a namespace of its own, then clear it as IPython's reset does (dict.clear empties the
 # namespace first, then drops its values), and exit with another pullback still held by a global.
 _PROGRAM = '''
@@ -949,11 +949,11 @@ def test_a_pullback_alive_at_exit_under_the_strict_backend_says_nothing():
 
 
 def test_release_when_dropped_releases_while_running():
-    from fastad import engine
+    from fastad import engine, locks
     r = engine.Recording(); r.locks = {}
-    buf = np.ones(3); engine.lock(r, buf, 'multiply')
+    buf = np.ones(3); locks.lock(r, buf, 'multiply')
     def pb(g): return g * buf
-    engine.release_when_dropped(pb, r)
+    locks.release_when_dropped(pb, r)
     assert not buf.flags.writeable
     del pb
     assert buf.flags.writeable and r.locks is None

@@ -64,12 +64,11 @@ def test_a_failure_inside_scipy_is_not_hidden_by_giving_the_locks_back():
     assert k.flags.writeable                          # the argument is the user's again
 
 def test_release_never_raises():
-    from fastad import engine
     r = engine.Recording(); r.locks = {}
     view = np.lib.stride_tricks.as_strided(np.ones(4), (2,), (8,))   # NumPy cannot make it writeable again, once
-    engine.lock(r, view, 'multiply')                                  # read-only (as odeint's view of its state)
+    locks.lock(r, view, 'multiply')                                   # read-only (as odeint's view of its state)
     assert not view.flags.writeable
-    engine.release(r)                                 # gives back what it can, and never raises
+    locks.release(r)                                 # gives back what it can, and never raises
     assert r.locks is None
 
 
@@ -512,45 +511,13 @@ def test_in_place_on_an_argument_then_read_through_a_constant_is_refused():
         fd.gradient(view_of_it, a0)
 
 
-# ---- what a primitive's chains keep (keeps=), and the locks the engine takes from it -------------------------------
+# ---- what a primitive's chains keep (found in their closures), and the locks the engine takes from it ------------
 rng = np.random.default_rng(0)
 A, B = rng.uniform(0.5, 2, (3, 4)), rng.uniform(0.5, 2, (3, 4))
 X, F, BIAS = rng.standard_normal((2, 6, 6, 3)), rng.standard_normal((3, 3, 3, 4)), rng.standard_normal(4)
 LOGITS, LABELS = rng.standard_normal((5, 3)), np.array([0, 2, 1, 1, 0])
 G = rng.standard_normal((2, 4, 4, 4))
 GEOMETRY = ((2, 6, 6, 3), ((0, 0), (0, 0)), (2, 6, 6, 3), (2, 2), (2, 2), (3, 3))
-
-DECLARED = [   # (primitive, positional arguments, keyword arguments): every rule that declares keeps=
-    (P.add_vwc.primitive, (A, B), {}), (P.subtract_vwc.primitive, (A, B), {}),
-    (P.multiply_vwc.primitive, (A, B), {}), (P.divide_vwc.primitive, (A, B), {}),
-    (P.power_vwc.primitive, (A, B), {}), (P.maximum_vwc.primitive, (A, B), {}),
-    (P.minimum_vwc.primitive, (A, B), {}), (P.matmul_vwc.primitive, (A, B.T), {}),
-    (P.where_vwc.primitive, (A > 1, A, B), {}),
-    (cnn.conv2d, (X, F, BIAS), {}), (cnn._conv, (X, F), dict(strides=(1, 1), amounts=((0, 0), (0, 0)))),
-    (cnn._conv_dx, (G, F), dict(shape=X.shape, strides=(1, 1), amounts=((0, 0), (0, 0)))),
-    (cnn._conv_dfilter, (X, G), dict(size=(3, 3), strides=(1, 1), amounts=((0, 0), (0, 0)))),
-    (cnn.max_pool2d, (X,), {}), (cnn.softmax_cross_entropy, (LOGITS, LABELS), {}),
-    (P.sum_vwc.primitive, (A,), dict(axis=0)), (P.mean_vwc.primitive, (A,), dict(axis=1, keepdims=True)),
-    (P.reshape_vwc.primitive, (A,), dict(shape=(4, 3))), (P.transpose_vwc.primitive, (A,), dict(axes=(1, 0))),
-    (P.swapaxes_vwc.primitive, (A,), dict(axis1=0, axis2=1)), (P.squeeze_vwc.primitive, (A[None],), {}),
-    (P.expand_dims_vwc.primitive, (A,), dict(axis=0)), (P.ravel_vwc.primitive, (A,), {}),
-    (P.broadcast_to_vwc.primitive, (A[:1],), dict(shape=(3, 4))), (P.negative_vwc.primitive, (A,), {}),
-    (cnn._pool_scatter, (rng.standard_normal((2, 3, 3, 3)),), dict(winner=np.zeros((2, 3, 3, 3), np.uint8), geometry=GEOMETRY)),
-    (cnn._pool_gather, (X,), dict(winner=np.zeros((2, 3, 3, 3), np.uint8), geometry=GEOMETRY))]
-
-@pytest.mark.parametrize("prim, args, kwargs", DECLARED, ids=[p.name for p, _, _ in DECLARED])
-def test_a_declaration_names_every_array_its_chains_keep(prim, args, kwargs):
-    "Each input's chain reads no array of the call beyond what `keeps` declares for that input."
-    assert prim.keeps is not None
-    _, chains = prim.vwc(*args, **kwargs)
-    chains = chains if isinstance(chains, tuple) else (chains,)
-    names = list(prim.vwc.__code__.co_varnames[:prim.vwc.__code__.co_argcount + prim.vwc.__code__.co_kwonlyargcount])
-    given = dict(zip(names, args)) | kwargs
-    for i, chain in enumerate(chains):
-        if chain is None: continue
-        kept = {n for n, a in given.items() if type(a) is np.ndarray and locks.keeps(chain, a)}
-        declared = {n for j, _, n in prim.kept if j == i}
-        assert kept <= declared, f"{prim.name}: input {names[i]}'s chain keeps {sorted(kept)}, it declares {sorted(declared)}"
 
 def test_only_what_a_recorded_chain_reads_is_locked():
     c, m = np.array([1., 2.]), np.array([True, False])
@@ -569,13 +536,6 @@ def test_only_what_a_recorded_chain_reads_is_locked():
     fd.gradient(g, x)
     assert seen == [False] and filt.flags.writeable
 
-def test_keeps_must_name_arguments_of_the_vwc():
-    def twice_vwc(x): return 2 * x, lambda g: 2 * g
-    with pytest.raises(DifferentiationError, match=r"twice: keeps names \['y'\]"):
-        P.Primitive('twice', twice_vwc, keeps=('y',))
-    assert P.Primitive('twice', twice_vwc, keeps=()).kept == ()
-    assert P.Primitive('twice', twice_vwc, keeps=dict(x='x')).kept == ((0, 0, 'x'),)
-
 def test_labels_written_after_the_loss_leave_its_gradient_right():
     labels = LABELS.copy()
     def f(logits):
@@ -585,7 +545,7 @@ def test_labels_written_after_the_loss_leave_its_gradient_right():
     np.testing.assert_allclose(fd.gradient(f, LOGITS), fd.gradient(lambda l: cnn.softmax_cross_entropy(l, LABELS), LOGITS))
     assert labels.flags.writeable and labels[0] == 2
 
-def test_a_declared_index_passed_by_keyword_is_locked():
+def test_an_index_passed_by_keyword_is_locked():
     idx = np.array([2, 0])
     def f(x):
         y = np.take(x, indices=idx)                   # take's pullback scatters by idx
@@ -607,8 +567,7 @@ def test_the_batch_of_a_convolution_is_locked_its_bias_is_not():
 def test_a_custom_rule_is_still_looked_into():
     buf = np.array([1., 2., 3.])
     def scale_vwc(x, s): return x * s, (lambda g: g * s, None)
-    scale = P.Primitive('scale', scale_vwc)           # no keeps=: the engine looks into its chains
-    assert scale.kept is None
+    scale = P.Primitive('scale', scale_vwc)           # the engine looks into its chains
     def f(x):
         y = scale(x, buf)
         buf[0] = 7.
@@ -650,3 +609,42 @@ def test_remainders_x_chain_is_shared_its_y_chain_keeps_the_quotient():
     (_, (dx1, dy1)), (_, (dx2, dy2)) = P.remainder_vwc(7.5, 2.0), P.remainder_vwc(7.5, 2.0)
     assert dx1 is dx2 and dx1.__closure__ is None and dx1(3.0) == 3.0
     assert dy1 is not dy2 and dy1(1.0) == -3.0                     # -g * floor(7.5 / 2): it reads x and y
+
+
+# ---- device arrays (the strict backend's, CuPy's): no read-only flag, so a chain keeps a copy ----------------------
+def test_a_device_array_written_before_the_pullback_runs_leaves_the_gradient_right():
+    with fd.use_backend('strict') as xp:
+        buf = xp.asarray([1., 2.])
+        value, pb = fd.value_with_pullback(lambda x: (x * buf).sum(), xp.asarray([3., 4.]))
+        buf[0] = 5.                                   # was read by the pullback: gradient [5, 2]
+        np.testing.assert_array_equal(fd.backend.to_host(pb(1.0)), [1., 2.])
+        assert float(value) == 11. and fd.backend.to_host(buf).tolist() == [5., 2.]   # the user's array, written
+
+def test_a_device_array_written_inside_the_function_leaves_the_gradient_right():
+    with fd.use_backend('strict') as xp:
+        X, idx = xp.asarray(np.arange(6.).reshape(2, 3)), xp.asarray([2, 0])
+        def f(w):
+            y = (X @ w).sum() + w[idx].sum()          # w's chains keep X and idx
+            X[...] = 0.; idx[...] = 1                 # refilled for the next batch
+            return y
+        np.testing.assert_array_equal(fd.backend.to_host(fd.gradient(f, xp.ones(3))), [4., 5., 8.])
+
+def test_a_device_array_kept_where_no_copy_can_be_put_is_given_a_copy_all_the_same():
+    class Times:                                      # a chain that is a callable object: its field is out of reach
+        def __init__(self, s): self.s = s
+        def __call__(self, g): return g * self.s
+    def scale_vwc(x, s): return x * s, (Times(s), None)
+    scale = P.Primitive('scale', scale_vwc)
+    with fd.use_backend('strict') as xp:
+        buf = xp.asarray([1., 2.])
+        value, pb = fd.value_with_pullback(lambda x: scale(x, buf).sum(), xp.ones(2))
+        buf[...] = 9.
+        np.testing.assert_array_equal(fd.backend.to_host(pb(1.0)), [1., 2.])
+
+def test_a_numpy_array_kept_by_a_chain_is_still_locked_not_copied():
+    buf = np.array([1., 2.])
+    value, pb = fd.value_with_pullback(lambda x: (x * buf).sum(), np.array([3., 4.]))
+    with pytest.raises(ValueError, match="read-only"): buf[0] = 5.
+    np.testing.assert_array_equal(pb(1.0), [1., 2.])
+    del pb; gc.collect()
+    assert buf.flags.writeable
