@@ -98,7 +98,13 @@ def _function(self, func, types, args, kwargs):
             r = _ragged_read(args[0], 'shape')
             return r if func is np.shape else func(*_values(args), **_values(kwargs))
         return func(*_values(args), **_values(kwargs))
-    return self._tr.call(func, args, kwargs, func.__name__, writes=func is np.copyto or 'out' in kwargs)
+    site = 'unbroadcast' if func is np.sum and _from_unbroadcast() else None
+    return self._tr.call(func, args, kwargs, func.__name__, writes=func is np.copyto or 'out' in kwargs, site=site)
+
+def _from_unbroadcast():
+    "Is this np.sum fastad's own unbroadcast (a bias's gradient), which eager fastad sums as `ones @ rows`?"
+    f = sys._getframe(2)
+    return f.f_code.co_name == 'unbroadcast' and f.f_globals.get('__name__', '').startswith('fastad.')
 Tracer.__array_function__ = _function
 
 def _values(x):
@@ -322,7 +328,7 @@ def _leaves(x):
 
 # %% ../nbs/03i_jit_machinery.ipynb #900ff6f5
 @patch
-def call(self: _Trace, fn, args, kwargs, name, writes=False):
+def call(self: _Trace, fn, args, kwargs, name, writes=False, site=None):
     "Run `fn` on the trace-time values, write the call into the program, and return its result as Tracers."
     if not self.active: raise _stored()
     if writes: self._check_target(args, kwargs, name)
@@ -332,7 +338,7 @@ def call(self: _Trace, fn, args, kwargs, name, writes=False):
     if weak:                                        # Python numbers in, a Python number out: it stays weakly typed
         tr = self.new(result.item()); outs.append(tr.slot); paths.append(()); wrapped = tr
     else: wrapped = self._wrap(result, (), outs, paths, args, kwargs)
-    op = _Op(fn, self.spec(args), self.spec(kwargs), outs, name, writes, None)
+    op = _Op(fn, self.spec(args), self.spec(kwargs), outs, name, writes, site)
     op.weak = weak
     op.result_paths = paths
     self.ops.append(op)
@@ -737,7 +743,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
         args, kwargs = _render(op.args, ns), _render(op.kwargs, ns)
         fn = op.fn
         if j in scalars: call = scalars[j].format(*[_render(a, ns) for a in op.args])
-        elif reuse and (fn is np.sum or fn is np.ndarray.sum) and (rows := self._row_sum(op, ns)) is not None: call = rows
+        elif reuse and op.site == 'unbroadcast' and (rows := self._row_sum(op, ns)) is not None: call = rows
         elif reuse and fn is np.where and (select := self._select(op, ns)) is not None: call = select
         elif fn in _VIEWS and reuse and (view := self._view(op)) is not None:
             ns[f"f{j}"] = view; call = f"f{j}({args[1:-1].rstrip(', ')})"
@@ -862,8 +868,9 @@ def _summed_rows(g, ones, cols, shape, fallback):
 
 @patch
 def _row_sum(self: Program, op, ns):
-    """`g.sum(axis=0)` (a bias's gradient) of a float matrix: NumPy adds the rows of a narrow matrix several times
-    slower than BLAS's matrix-vector product with a vector of ones, which eager fastad uses and the program keeps."""
+    """`g.sum(axis=0)` in fastad's unbroadcast (a bias's gradient) of a float matrix: NumPy adds the rows of a narrow
+    matrix several times slower than BLAS's matrix-vector product with a vector of ones, which eager fastad uses there
+    and the program keeps. A sum the user writes stays NumPy's sum, as eagerly (its rounding differs)."""
     if len(op.outs) != 1 or type(op.args[0]) is not _Slot or op.args[0].i in self.ragged: return None
     axis = op.kwargs.get('axis', op.args[1] if len(op.args) > 1 else None)
     if len(op.args) > 2 or set(op.kwargs) - {'axis'}: return None
