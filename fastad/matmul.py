@@ -42,6 +42,7 @@ def matmul_loops(a, b):
             for p in range(k): c[i, j] += a[i, p] * b[p, j]
     return c
 
+# %% ../nbs/01a_matmul_library.ipynb #a69fd947
 def matmul_rows(a, b):
     "Matrix product with the inner loop replaced by an elementwise product and a sum."
     n, k, m = check_matmul("matmul_rows", a, b)
@@ -50,6 +51,7 @@ def matmul_rows(a, b):
         for j in range(m): c[i, j] = (a[i, :] * b[:, j]).sum()
     return c
 
+# %% ../nbs/01a_matmul_library.ipynb #30c54bc4
 def matmul_broadcast(a, b):
     "Matrix product with one Python loop over rows: each row comes from one broadcast product and a sum."
     n, k, m = check_matmul("matmul_broadcast", a, b)
@@ -57,6 +59,7 @@ def matmul_broadcast(a, b):
     for i in range(n): c[i] = (a[i][:, None] * b).sum(0)
     return c
 
+# %% ../nbs/01a_matmul_library.ipynb #f6fb145b
 def matmul_einsum(a, b):
     "Matrix product as an Einstein summation: multiply over `i, k, j`, sum over `k`."
     check_matmul("matmul_einsum", a, b)
