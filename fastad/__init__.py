@@ -24,7 +24,7 @@ from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_p
 from .training import (SGD, Adam, AdamW, Schedule, constant_schedule, step_schedule, warmup_cosine_schedule,
                        global_norm, clip_by_global_norm, save, load, batches)
 from .more_layers import LayerNorm, Dropout, Embedding, set_training
-from .jit import jit, JitError
+from .jit import jit, JitError, JitWarning
 from .data_parallel import all_reduce_mean, shards, dask_value_with_gradient   # Dask is imported only when called
 from . import backend, primitives, engine, dispatch, transforms, layers, cnn, checkpointing, planner, memory, drawing, forward, progress
 from . import scipy_rules; scipy_rules.install()   # SciPy's functions, differentiated once SciPy is imported (none of it is imported here)

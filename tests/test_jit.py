@@ -516,3 +516,33 @@ def test_a_users_row_sum_stays_numpys_sum():
     model = _mlp(np.float32); opt = fd.SGD(model, 0.1)
     for _ in range(3): step(model, opt, np.ones((16, 4), np.float32), np.ones((16, 1), np.float32))
     assert '_summed_rows' in list(step.programs.values())[0].source            # the bias's gradient, as eager sums it
+
+def test_a_program_keeps_no_trace_time_array():
+    "A 4096 x 256 -> 1024 MLP step kept every value of its trace (265 MB); now its shapes and dtypes only."
+    import gc, tracemalloc
+    r = np.random.default_rng(0)
+    model = fd.Sequential([fd.Dense(weight=r.normal(size=(64, 512)).astype(np.float32), bias=np.zeros(512, np.float32), activation=fd.relu),
+                           fd.Dense(weight=r.normal(size=(512, 1)).astype(np.float32), bias=np.zeros(1, np.float32))])
+    opt, x, y = fd.SGD(model, 0.01), r.normal(size=(1024, 64)).astype(np.float32), np.ones((1024, 1), np.float32)
+    fast = jit(_step(lambda m, x, y: fd.mse(m(x), y)))
+    gc.collect(); tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(3): fast(model, opt, x, y)
+        gc.collect(); kept = tracemalloc.get_traced_memory()[0] - base
+    finally: tracemalloc.stop()
+    program = list(fast.programs.values())[0]
+    assert not any(isinstance(v, np.ndarray) for v in program.values)
+    assert kept < 2 * 1024 * 512 * 4, kept                  # less than two of the step's 1024 x 512 activations (it kept ~10)
+    assert 'float32[1024,512]' in str(fast.program(model, opt, x, y))
+
+def test_a_python_number_argument_retraces_with_a_warning_and_a_bounded_cache():
+    "Each new float is a new signature: the cache kept every one (pending grew forever) and nothing said why."
+    from fastad.jit import JitWarning, MAX_SIGNATURES
+    fast = jit(lambda x, s: x * s)
+    with pytest.warns(JitWarning, match=r"Python number argument .*np\.float64\(x\)"):
+        for i in range(100): np.testing.assert_array_equal(fast(np.ones(2), 0.5 + i), [0.5 + i] * 2)
+    assert len(fast.pending) + len(fast.programs) <= 2 * MAX_SIGNATURES and len(fast.pending) <= MAX_SIGNATURES
+    quiet = jit(lambda x, s: x * s)                         # a NumPy scalar is traced: one program for every value
+    for i in range(20): np.testing.assert_array_equal(quiet(np.ones(2), np.float64(0.5 + i)), [0.5 + i] * 2)
+    assert len(quiet.programs) == 1
