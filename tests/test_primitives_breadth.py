@@ -336,3 +336,20 @@ def test_fmod_of_python_floats_by_zero_is_numpys_nan():
     np.testing.assert_equal(want[1], (1.0, -np.inf))
     from fastad.testing import numerical_gradient                 # beside the edge, the usual path
     np.testing.assert_allclose(fd.gradient(f, 7.0, 3.0, argnums=(0, 1)), numerical_gradient(f, 7.0, 3.0))
+
+
+def test_supported_functions_reads_each_rows_group_and_the_traced_methods():
+    "The table's groups are the registry rows' own (no separate list), its method forms Traced's own members."
+    from fastad import dispatch
+    from fastad.engine import Traced
+    table = fd.supported_functions()
+    assert 'other' not in table and set(groups()) <= set(table)
+    for f, row in fd.primitives.REGISTRY.items():
+        name = dispatch._public_name(f)
+        if name.startswith('numpy') and not (row.refused and row.custom is None):
+            assert name in table[row.group], (name, row.group)
+    assert 'numpy.linalg.trace' not in table['products'] and 'numpy.unique' in table['shape and indexing']
+    forms = table['method forms']
+    assert {'x.sum', 'x.T', 'x.astype', 'x.copy'} <= set(forms)
+    assert not {'x.sort', 'x.fill', 'x.round', 'x.shape', 'x.dtype'} & set(forms)   # refused, or a plain result
+    assert all(hasattr(Traced, f[2:]) for f in forms)
