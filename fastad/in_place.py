@@ -218,7 +218,8 @@ def _setitem_vwc(y, v, *, index, survivors=None):
         return gv if vdtype is None or vdtype == gv.dtype or vdtype.kind != 'f' else gv.astype(vdtype)
     return out, (lambda g: _SETITEM(g, 0.0, index=index), dv)
 
-_SETITEM = Primitive('setitem', _setitem_vwc)
+_SETITEM = Primitive('setitem', _setitem_vwc,            # its property tests draw the keys of x[index]
+                     domain="index: a repeated index keeps NumPy's surviving write")
 
 # %% ../nbs/03b3_in_place.ipynb #ip0017
 def _shared_set():
