@@ -35,6 +35,24 @@ def windows(x, size, strides=(1, 1)):
 # %% ../nbs/06_cnn_layers.ipynb #fb4ff84e
 PADDINGS = ('valid', 'same')
 
+def pads(op, size, window, stride, padding):
+    "`(before, after)`: the zeros padding adds on each side of one axis of `size` pixels."
+    if padding == 'valid':
+        if size < window:
+            raise ShapeError(f"{op}: with 'valid' padding each window must fit in the input, but the input is {size} "
+                             f"pixels across and the window {window}")
+        return 0, 0
+    out = -(-size // stride)                            # ceil(size / stride) outputs
+    total = max((out - 1) * stride + window - size, 0)
+    return total // 2, total - total // 2               # the odd pixel goes after
+
+def _pad(x, amounts, value=0):
+    "`x` padded along height and width by `amounts` ((top, bottom), (left, right)); `x` itself when there is none."
+    (top, bottom), (left, right) = amounts
+    if not (top or bottom or left or right): return x
+    return np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=value)
+
+# %% ../nbs/06_cnn_layers.ipynb #fb4ff8s1
 def _pair(op, name, value):
     "`value` as two positive whole numbers (height, width); a single number means both."
     if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int \
@@ -58,30 +76,13 @@ def _check_nhwc(op, shape, filter_shape=None):
         raise ShapeError(f"{op}: the input has {shape[3]} channels, but the filter {tuple(filter_shape)} expects "
                          f"{filter_shape[2]} (input {tuple(shape)})")
 
-def pads(op, size, window, stride, padding):
-    "`(before, after)`: the zeros padding adds on each side of one axis of `size` pixels."
-    if padding == 'valid':
-        if size < window:
-            raise ShapeError(f"{op}: with 'valid' padding each window must fit in the input, but the input is {size} "
-                             f"pixels across and the window {window}")
-        return 0, 0
-    out = -(-size // stride)                            # ceil(size / stride) outputs
-    total = max((out - 1) * stride + window - size, 0)
-    return total // 2, total - total // 2               # the odd pixel goes after
-
-# %% ../nbs/06_cnn_layers.ipynb #fb4ff8s1
-def _pad(x, amounts, value=0):
-    "`x` padded along height and width by `amounts` ((top, bottom), (left, right)); `x` itself when there is none."
-    (top, bottom), (left, right) = amounts
-    if not (top or bottom or left or right): return x
-    return np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=value)
-
 # %% ../nbs/06_cnn_layers.ipynb #362c8dc3
 def _window_rows(x, size, strides=(1, 1)):
     "Every window of NHWC `x` as one row, its numbers in HWC order like an HWIO filter's rows: *im2col*."
     w = windows(x, size, strides).transpose(0, 1, 2, 4, 5, 3)    # (n, oh, ow, kh, kw, c), still a view
     return w.reshape(-1, math.prod(w.shape[3:]))                # one row per output pixel: the one copy
 
+# %% ../nbs/06_cnn_layers.ipynb #8d30eaf4
 def _correlate(x, filter, strides):
     "Slide HWIO `filter` over NHWC `x` (no padding): every window times the filter, in one matrix product."
     kh, kw, c, o = filter.shape
@@ -105,6 +106,7 @@ def _amounts(op, shape, window, strides, padding):
     "The padding `((top, bottom), (left, right))` of an NHWC input of `shape` for `window`s `strides` apart."
     return tuple(pads(op, size, k, s, padding) for size, k, s in zip(shape[1:3], window, strides))
 
+# %% ../nbs/06_cnn_layers.ipynb #bbc933c0
 def _filter_cotangent(x, g, size, strides):
     "The cotangent of a `size` filter slid over (padded) NHWC `x`, from its output's cotangent `g`: a product per filter row."
     (kh, kw), (sh, sw) = size, strides
@@ -116,6 +118,7 @@ def _filter_cotangent(x, g, size, strides):
     met = [strips[i:i + (oh - 1) * sh + 1:sh].reshape(-1, kw * c) for i in range(kh)]   # row i met image rows i, i + sh, ...
     return np.stack([m.T @ g for m in met]).reshape(kh, kw, c, o)
 
+# %% ../nbs/06_cnn_layers.ipynb #f6535604
 # Convolution is bilinear: y = B(x, filter). Its two cotangents are bilinear too, and each one's derivative is one
 # of the three again, so three primitives whose pullbacks call each other differentiate to any order (a gradient
 # penalty differentiates conv2d twice). Each computes its value with plain NumPy on plain arrays; a value traced
@@ -125,7 +128,6 @@ def _conv_value(x, filter, *, strides, amounts):
     "B(x, filter): (padded) `x` correlated with `filter`."
     return _correlate(_pad(x, amounts), filter, strides)
 
-# %% ../nbs/06_cnn_layers.ipynb #e52f2fs1
 def _conv_dx_value(g, filter, *, shape, strides, amounts):
     "The cotangent of `x` (of `shape`) from the output's `g`: `g` spread out to the strides, correlated with the flipped filter."
     kh, kw, c, o = filter.shape
@@ -141,6 +143,7 @@ def _conv_dfilter_value(x, g, *, size, strides, amounts):
     "The cotangent of the filter (of `size`) from the output's `g`, rebuilt from `x`: no window rows kept."
     return _filter_cotangent(_pad(x, amounts), g, size, strides)
 
+# %% ../nbs/06_cnn_layers.ipynb #e52f2fs1
 def _conv_vwc(x, filter, *, strides, amounts):
     "B(x, filter), the bias-free convolution."
     shape, size = np.shape(x), np.shape(filter)[:2]
@@ -218,10 +221,6 @@ def max_pool2d_vwc(x, *, pool_size=(2, 2), strides=(2, 2), padding='valid'):
 
 max_pool2d = max_pool2d_vwc.primitive
 
-# The pullback is linear in the cotangent: it scatters each output's cotangent to its winner. Its own derivative
-# gathers from the winners, and the gather's derivative scatters again: two primitives whose pullbacks call each
-# other, so max pooling differentiates to any order (the winners stay fixed, as for any piecewise-linear function).
-
 @functools.lru_cache(maxsize=1024)                  # the same few slices every step: made once
 def _at(k, geometry):
     "The pixel at position k (row by row) of every window: one strided slice of the padded image."
@@ -230,6 +229,10 @@ def _at(k, geometry):
     return slice(None), slice(i, i + oh * sh, sh), slice(j, j + ow * sw, sw)
 
 # %% ../nbs/06_cnn_layers.ipynb #05ed11s1
+# The pullback is linear in the cotangent: it scatters each output's cotangent to its winner. Its own derivative
+# gathers from the winners, and the gather's derivative scatters again: two primitives whose pullbacks call each
+# other, so max pooling differentiates to any order (the winners stay fixed, as for any piecewise-linear function).
+
 def _pool_scatter_value(g, *, winner, geometry):
     "Each output's cotangent `g` sent to the pixel that won its window."
     shape, ((top, _), (left, _)), padded_shape, (ph, pw), (sh, sw), _ = geometry
@@ -309,13 +312,13 @@ def glorot_uniform(shape, fan_in, fan_out, rng=None):
     limit = np.float32(math.sqrt(6 / (fan_in + fan_out)))
     return asarray((rng.random(shape, dtype=np.float32) * 2 - 1) * limit)
 
+# %% ../nbs/06_cnn_layers.ipynb #84e036s1
 def _filter_shape(shape):
     if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and all(is_whole(v) for v in shape)):
         raise ArgumentError(f"Conv2D: filter_shape must be four positive whole numbers (height, width, in channels, "
                             f"out channels), got {shape!r}")
     return tuple(int(v) for v in shape)
 
-# %% ../nbs/06_cnn_layers.ipynb #84e036s1
 @stores_its_fields                                    # given its fields, __init__ only checks them
 class Conv2D(Layer):
     "A 2-D convolution layer, `activation(conv2d(x, filter) + bias)`, on NHWC input with an HWIO filter."
