@@ -95,20 +95,27 @@ def in_place_operator(symbol, operator):
     name alone is bound to the result, as in Python. Where x is a live view `y[key]` (or has live views) the write goes
     through to y and its views, as NumPy's memory would (`_land`); other sharing is refused."""
     def in_place(self, other):
+        value, recording = self.value, self._recording
+        if type(value) is np.ndarray and recording.active:   # the usual case: an array of this recording's own, whose
+            root = value if value.base is None else memory_owner(value)   # memory no live value and no argument shares
+            roots = recording.argument_roots
+            if roots is None and recording.arguments is not None: roots = argument_roots(recording)   # (f(a, a): noted)
+            views = recording.views
+            if (views is None or id(root) not in views) and (not roots or id(root) not in roots):
+                new = operator(self, other)
+                v = new.value if type(new) is Traced and new._recording is recording else None
+                if type(v) is np.ndarray and v.shape == value.shape and v.dtype == value.dtype:
+                    self.value, self.idx = v, new.idx
+                    return self
+                return _become(self, new, symbol)
         value = unbox(self)
         if type(value) is not np.ndarray and (type(value) in (float, int) or isinstance(value, np.generic)):
             return operator(self, other)              # immutable: the name alone is bound to the result
-        if not self._recording.active: raise used_after_its_transform()
+        if not recording.active: raise used_after_its_transform()
         plan = sharing(self)                          # None: nothing else alive shares x's memory
         if plan is False: raise _shared(symbol)
         _note_written(self)
-        new = operator(self, other)
-        if plan is None and type(new) is Traced and new._recording is self._recording:   # the usual case, in a line
-            v = unbox(new)
-            if type(v) is np.ndarray and type(value) is np.ndarray and v.shape == value.shape and v.dtype == value.dtype:
-                self.value, self.idx = new.value, new.idx
-                return self
-        return _become(self, new, symbol, plan)
+        return _become(self, operator(self, other), symbol, plan)
     in_place.__name__ = f"__i{operator.__name__[2:]}"
     in_place.__doc__ = f"`x {symbol} y`: x changes to `x {symbol[:-1]} y`, as in NumPy (through to the array x is a view of)."
     return in_place
