@@ -37,6 +37,15 @@ def _origin():
         f = f.f_back
     return '', '?', 0
 
+def _user_line():
+    "`(file, line)` of the innermost frame outside fastad and NumPy: the user's line that led to a call."
+    f = sys._getframe(2)
+    while f is not None:
+        if not f.f_globals.get('__name__', '').startswith(_OUTSIDE): return f.f_code.co_filename, f.f_lineno
+        f = f.f_back
+    return None
+_OUTSIDE = ('fastad', 'numpy', 'fastcore', 'contextlib', 'functools')
+
 def _site(file, line):
     text = linecache.getline(file, line).strip()
     return f"line {line} of {file.rsplit('/', 1)[-1]}" + (f": `{text}`" if text else '')
@@ -176,7 +185,8 @@ Tracer.__setitem__ = _setitem
 
 # %% ../nbs/03i_jit_machinery.ipynb #b70e6fac
 _CASTS = {'__bool__': bool, '__float__': float, '__int__': int, '__index__': operator.index, '__complex__': complex,
-          'item': lambda v: v.item(), 'tolist': lambda v: v.tolist(), 'shape': np.shape, 'size': np.size, 'len': len}
+          'item': lambda v: v.item(), 'tolist': lambda v: v.tolist(), 'shape': np.shape, 'size': np.size, 'len': len,
+          '__round__': round}
 _SIZES = ('shape', 'size', 'len')     # what a check reads of an array whose size depends on the data
 
 def _kind(x):
@@ -238,7 +248,7 @@ def _concrete(what, fix):
 _BRANCH = "Compute both branches and choose with np.where(condition, a, b), or np.maximum/np.minimum/np.clip."
 for _name, _fix in (('__bool__', _BRANCH), ('__float__', "Keep it an array (x * 1.0, x.astype(float))."),
                     ('__int__', "Keep it an array (x.astype(int))."), ('__index__', "Keep it an array; use np.take(a, i) to index with it."),
-                    ('__complex__', "Keep it an array."), ('item', "Keep it an array, or return it and call .item() after the call."),
+                    ('__complex__', "Keep it an array."), ('__round__', "Keep it an array: np.round(x)."), ('item', "Keep it an array, or return it and call .item() after the call."),
                     ('tolist', "Keep it an array, or return it and convert after the call.")):
     setattr(Tracer, _name, _concrete(_name, _fix))
 
@@ -253,9 +263,10 @@ Tracer.__array__ = _array
 # %% ../nbs/03i_jit_machinery.ipynb #7769896f
 class _Op:
     "One primitive call of the program: `outs = fn(*args, **kwargs)`, its inputs given as slots and constants."
-    __slots__ = ('fn', 'args', 'kwargs', 'outs', 'name', 'writes', 'site', 'result_paths', 'weak')
+    __slots__ = ('fn', 'args', 'kwargs', 'outs', 'name', 'writes', 'site', 'result_paths', 'weak', 'line')
     def __init__(self, fn, args, kwargs, outs, name, writes, site):
         self.fn, self.args, self.kwargs, self.outs, self.name, self.writes, self.site = fn, args, kwargs, outs, name, writes, site
+        self.line = None                           # (file, line) of the user's code that made the call
 
 class _Slot:
     "A value of the program, in an op's arguments."
@@ -341,6 +352,7 @@ def call(self: _Trace, fn, args, kwargs, name, writes=False, site=None):
         tr = self.new(result.item()); outs.append(tr.slot); paths.append(()); wrapped = tr
     else: wrapped = self._wrap(result, (), outs, paths, args, kwargs)
     op = _Op(fn, self.spec(args), self.spec(kwargs), outs, name, writes, site)
+    op.line = _user_line()
     op.weak = weak
     op.result_paths = paths
     self.ops.append(op)
@@ -1008,6 +1020,8 @@ def _trace(self: jit, args, parts, generators=None):
     generators = self.generators if generators is None else generators
     gens = {id(g): _Drawing(g, trace, self._draws) for g in generators}
     states = [_state(g) for g in generators]
+    reached = {n: g for n, g in _reachable(self.f, parts.objs).items() if id(g) not in gens}
+    drawn_from = {n: _state(g) for n, g in reached.items()}
     undo, seen = [], set()
     traced = tuple(a if i in self.static else _swapped(a, new, undo, seen, gens=gens) for i, a in enumerate(args))
     placed = {id(obj): dict(vars(obj)) for obj in parts.objs}
@@ -1043,9 +1057,66 @@ def _trace(self: jit, args, parts, generators=None):
         raise JitError(f"fd.jit({self.__name__}): the function drew from a generator given in generators= that it does not "
                        f"reach through its arguments (a global, a closure): pass it, or the model that holds it, as an "
                        f"argument, so that the program can draw from it on each call")
+    _escaped(self, trace)
     program = Program(trace, list(trace.inputs), out_tpl, effects)
     program.checks = trace.checks
+    program.drew = [n for n, g in reached.items() if _state(g) != drawn_from[n]]
     return result, program
+
+def _places(f, depth=3, found=None):
+    "What `f` reads without taking it: its closure and the globals it names, and theirs for the functions among them."
+    found = {} if found is None else found
+    f = getattr(f, '__wrapped__', None) or getattr(f, 'func', None) or f   # a jit, a functools.partial: the function
+    code, cells = getattr(f, '__code__', None), getattr(f, '__closure__', None) or ()
+    if code is None: return found
+    near = {}
+    for n, c in zip(code.co_freevars, cells):
+        try: near[n] = c.cell_contents
+        except ValueError: pass
+    g = getattr(f, '__globals__', {})
+    near.update((n, g[n]) for n in code.co_names if n in g and not isinstance(g[n], types.ModuleType))
+    for n, v in near.items():
+        if n in found: continue
+        found[n] = v
+        if depth and isinstance(v, types.FunctionType): _places(v, depth - 1, found)
+    return found
+
+def _reachable(f, objs):
+    "The random generators `f` can reach without taking them: its closure, the globals it names, its arguments' attributes."
+    found = dict(_places(f))
+    for o in objs: found.update((f"{type(o).__name__}.{n}", v) for n, v in vars(o).items())
+    return {n: v for n, v in found.items() if isinstance(v, (np.random.Generator, np.random.RandomState))}
+
+def _holds_tracer(x, trace, seen):
+    "Does `x` hold a tracer of `trace` (in lists, tuples, dicts, models and optimizer states)?"
+    t = type(x)
+    if t is Tracer: return x._tr is trace
+    if t is tuple or t is list: return any(_holds_tracer(o, trace, seen) for o in x)
+    if t is dict: return any(_holds_tracer(o, trace, seen) for o in x.values())
+    if _is_object(x) and id(x) not in seen:
+        seen.add(id(x))
+        return any(_holds_tracer(o, trace, seen) for o in vars(x).values())
+    return False
+
+def _escaped(jitted, trace):
+    """A traced array the function left in an object it does not take (an optimizer or a list in its closure or a global):
+    its values put back, and a refusal that names the place, since a replay cannot write it back."""
+    for n, v in _places(jitted.f).items():
+        kind = _is_object(v) if not isinstance(v, (list, dict)) else 'container'
+        if not kind: continue
+        items = vars(v).items() if kind != 'container' else (enumerate(v) if type(v) is list else v.items())
+        held = [k for k, a in items if _holds_tracer(a, trace, set())]
+        if not held: continue
+        if kind == 'container':
+            for k in held: v[k] = _concretized(v[k])
+            raise JitError(f"fd.jit({jitted.__name__}): the function stores a traced array in `{n}`, which it does not "
+                           f"take nor return (at {held[0]!r}): a replay would not store it. Return it instead")
+        for k in held: object.__setattr__(v, k, _concretized(getattr(v, k)))
+        what = 'an optimizer' if hasattr(v, 'update') else 'an object'
+        raise JitError(f"fd.jit({jitted.__name__}): the function changes the state of {what} it does not take "
+                       f"(`{n}.{held[0]}` of its {type(v).__name__}, held by its closure or a global), which a replay "
+                       f"could not write back, so each call would start from the same state. Pass it as an argument: "
+                       f"step(model, {n}, x, y)")
 
 # %% ../nbs/03i_jit_machinery.ipynb #68f0071e
 @patch
@@ -1095,14 +1166,34 @@ def _same_fn(f, g):
     if type(f) is _Check: return type(g) is _Check and (f.what, f.expected, f.site) == (g.what, g.expected, g.site)
     return f is g
 
+def _where(op):
+    "` at line 3 of f.py: `y = x * k``: the user's line that made `op`, where known."
+    return f" at {_site(*op.line)}" if op.line else ''
+
+def _difference(x, y, p, q):
+    "The first leaf where specs `x` (of program `p`) and `y` (of `q`) differ: `('array', a, b)`, `('number', a, b)` or None."
+    t = type(x)
+    if t is not type(y): return ('number', x, y) if t in _LITERALS else ('other', x, y)
+    if t is _Const:
+        a, b = p.consts[x.i], q.consts[y.i]
+        return None if _same_value(a, b) else ('array', a, b) if _is_array(a) else ('other', a, b)
+    if t is tuple or t is list:
+        if len(x) != len(y): return ('other', x, y)
+        return next((d for d in (_difference(a, b, p, q) for a, b in zip(x, y)) if d), None)
+    if t is dict:
+        if list(x) != list(y): return ('other', x, y)
+        return next((d for d in (_difference(x[k], y[k], p, q) for k in x) if d), None)
+    if t is slice: return _difference((x.start, x.stop, x.step), (y.start, y.stop, y.step), p, q)
+    return None if _same_value(x, y) else ('number' if t in _LITERALS else 'other', x, y)
+
 def _same(p, q, name):
-    "Refuse to replay when a second trace differs from the first: a value was captured that changes from call to call."
-    def refuse(what):
-        raise JitError(f"fd.jit({name}): two traces of the same signature differ at {what}: the function reads a value "
-                       f"that changes from call to call without being an argument (a random draw from a generator it does "
-                       f"not take, a global array, an optimizer it does not take), so replaying a program would freeze "
-                       f"it. Pass it as an argument (a generator: declare it, fd.jit(f, generators=(rng,)), or make the draws outside and pass the arrays; the "
-                       f"optimizer: step(model, optimizer, ...))")
+    "Refuse to replay when a second trace differs from the first, saying where and what differed, and why that can be."
+    def refuse(what, why):
+        raise JitError(f"fd.jit({name}): two traces of the same signature differ: {what}, so replaying one program "
+                       f"would freeze it. {why}")
+    path = ("The function took another path: a Python decision on a value that is not traced (a global flag, a counter in a "
+            "closure, an attribute of an object it does not take). Make that value an argument (static, "
+            "fd.jit(f, static_argnums=...), if it picks the path)")
     for i, (a, b) in enumerate(zip(p.ops, q.ops)):
         if type(a.fn) is _Check and type(b.fn) is _Check and not _same_fn(a.fn, b.fn) and a.fn.what in _SIZES:
             raise JitError(f"fd.jit({name}): the two traces saw an array whose size depends on the data (np.nonzero, "
@@ -1113,12 +1204,35 @@ def _same(p, q, name):
             raise JitError(f"fd.jit({name}): fastad's code at {a.fn.site} reads a traced value ({a.fn.what.strip('_')}()) "
                            f"that differs between two calls ({a.fn.expected!r}, then {b.fn.expected!r}) and computes with "
                            f"it, so a program cannot hold it: call the function without fd.jit, or make that value static")
-        if not _same_fn(a.fn, b.fn) or not _same_spec((a.args, a.kwargs), (b.args, b.kwargs), p, q):
-            refuse(f"call {i} ({a.name}, {_shapes(p, a)})") 
-    if len(p.ops) != len(q.ops): refuse(f"call {min(len(p.ops), len(q.ops))} (one trace made more calls)")
-    if not _same_spec(_tpl_spec(p.out_tpl), _tpl_spec(q.out_tpl), p, q): refuse("the result")
+        if not _same_fn(a.fn, b.fn):
+            refuse(f"call {i} is {a.name}{_where(a)} in the first and {b.name}{_where(b)} in the second", path)
+        d = _difference((a.args, a.kwargs), (b.args, b.kwargs), p, q)
+        if d is None: continue
+        kind, u, v = d
+        call = f"call {i} ({a.name}{_where(a)})"
+        if kind == 'array':
+            why = []
+            if p.drew: why.append(f"It makes a random draw from a generator it does not take ({', '.join(p.drew)} "
+                                  f"advanced while tracing): declare it, fd.jit(f, generators=(rng,)), or make the draws outside "
+                                  f"and pass them in")
+            why.append("An array that is not an argument (a global or closure variable rebound between the calls, or "
+                       "one computed without tracing) is captured as a constant: pass it as an argument")
+            refuse(f"{call} reads an array that is not an argument ({_describe(u)}), with other values in the second "
+                   f"call", '. '.join(why))
+        if kind == 'number':
+            refuse(f"{call} reads the number {u!r} in the first call and {v!r} in the second", "A Python number read "
+                   "from outside the arguments (a global, a closure variable, an attribute of an object it does not take) "
+                   "changed: pass it as an argument, as a NumPy scalar (np.float64(x)) to have it traced")
+        refuse(f"{call} reads {_describe(u)} in the first call and {_describe(v)} in the second", path)
+    if len(p.ops) != len(q.ops):
+        refuse(f"one trace made {len(p.ops)} calls, the other {len(q.ops)} (the first extra one: "
+               f"{(p.ops + q.ops)[min(len(p.ops), len(q.ops)) + (len(p.ops) < len(q.ops)) * len(p.ops)].name})", path)
+    if not _same_spec(_tpl_spec(p.out_tpl), _tpl_spec(q.out_tpl), p, q):
+        refuse("the result holds a value that is not traced and differs", "Return only values computed from the "
+               "arguments, or pass what the result holds as an argument")
     if [e[:2] for e in p.effects] != [e[:2] for e in q.effects] or not all(
-        _same_spec(_tpl_spec(a[2]), _tpl_spec(b[2]), p, q) for a, b in zip(p.effects, q.effects)): refuse("what it writes back")
+        _same_spec(_tpl_spec(a[2]), _tpl_spec(b[2]), p, q) for a, b in zip(p.effects, q.effects)):
+        refuse("what it writes back to its arguments' attributes differs", path)
 
 def _tpl_spec(tpl):
     "A template as a spec (constants as `_Const`), to compare two."
