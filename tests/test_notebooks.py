@@ -10,13 +10,19 @@ ROOT = Path(__file__).resolve().parent.parent
 NBS = ROOT / 'nbs'
 NOTEBOOKS = sorted(p.stem for p in NBS.glob('*.ipynb'))
 
-# The notebooks whose exported definitions are each shown and tested; the others are on their way there.
-SHOWN_AND_TESTED = ['03a_primitives', '03a1_more_primitives', '03a2_linear_algebra', '03b1_numpy_dispatch', '03d_transforms',
-                    '03d1_trampoline', '03h_layers_and_optimizers', '04_custom_derivatives', '07_checkpointing',
-                    '07d_checkpointing_machinery', '90_errors', '90c_timing', '90f_progress']
-
 def cells(stem): return json.loads((NBS / f'{stem}.ipynb').read_text())['cells']
 def source(cell): return ''.join(cell['source'])
+
+def exports(stem):
+    "Does the notebook export code (a `#| default_exp` line, or an `#| export` cell)?"
+    return any(line.startswith(('#| default_exp', '#| export')) for c in cells(stem) if c['cell_type'] == 'code'
+               for line in source(c).splitlines())
+
+# Every exporting notebook shows and tests each exported definition, except these, still to be done: their cells
+# are being split by idea (each definition followed by the cell that runs it). Remove a name once it passes.
+STILL_BARE = ['03b3_in_place', '03i_jit_machinery', '90_backend']
+EXPORTING = [s for s in NOTEBOOKS if exports(s)]
+SHOWN_AND_TESTED = [s for s in EXPORTING if s not in STILL_BARE]
 
 @pytest.mark.parametrize('stem', NOTEBOOKS)
 def test_no_code_cell_over_60_lines(stem):
@@ -24,10 +30,10 @@ def test_no_code_cell_over_60_lines(stem):
             if c['cell_type'] == 'code' and len(source(c).splitlines()) > 60]
     assert long == [], long
 
-@pytest.mark.parametrize('stem', SHOWN_AND_TESTED)
-def test_each_exported_definition_is_followed_by_a_cell_that_shows_and_tests_it(stem):
-    """An exported cell that defines something (def, class, a decorator) is followed by a code cell that runs it: not
-    by another export cell, a hidden cell or prose alone. From the heading "## The library's version" where there is one."""
+def bare_exports(stem):
+    """The ids of the exported cells that define something (def, class, a decorator) and are not followed by a code
+    cell that runs it: followed instead by another export cell, a hidden cell or prose alone. Counted from the
+    heading "## The library's version" where there is one."""
     cs = cells(stem)
     start = next((i for i, c in enumerate(cs) if c['cell_type'] == 'markdown'
                   and source(c).startswith("## The library's version")), 0)
@@ -39,7 +45,17 @@ def test_each_exported_definition_is_followed_by_a_cell_that_shows_and_tests_it(
         after = cs[k + 1] if k + 1 < len(cs) else None
         if after is None or after['cell_type'] != 'code' or source(after).startswith(('#| export', '#| hide')):
             bare.append(c['id'])
-    assert bare == [], bare
+    return bare
+
+@pytest.mark.parametrize('stem', SHOWN_AND_TESTED)
+def test_each_exported_definition_is_followed_by_a_cell_that_shows_and_tests_it(stem):
+    assert bare_exports(stem) == [], bare_exports(stem)
+
+@pytest.mark.parametrize('stem', STILL_BARE)
+def test_the_notebooks_left_to_do_still_have_bare_exports(stem):
+    "STILL_BARE can't go stale: each name is an exporting notebook that still fails the check above."
+    assert stem in EXPORTING, f"{stem} is not an exporting notebook: take it out of STILL_BARE"
+    assert bare_exports(stem) != [], f"{stem} passes now: take it out of STILL_BARE"
 
 def run_lessons(backend, *flags):
     "Run every notebook with nbdev_test, the lessons' toggle cells picking `backend`; return the finished process."
