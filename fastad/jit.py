@@ -291,6 +291,7 @@ class _Trace:
         self.ops, self.consts, self.const_ids, self.values, self.checks, self.active = [], [], {}, [], [], True
         self.inputs, self.generic, self.modules, self.draws = [], {}, {}, 0   # generic: slot -> NumPy scalar type
         self.ragged, self.sizes_checked = set(), set()  # slots whose size depends on the data; sizes checked
+        self.marks = []                                  # (index of the next op, what starts there: the backward pass)
 
     def new(self, value):
         "A new slot holding `value`, as a Tracer."
@@ -424,8 +425,8 @@ class _Tracing:
         with _patch_lock:
             if _patched_count == 0:
                 transforms, engine = _transforms(), _engine()
-                if _as_gradient is None: _as_gradient, _guard_kept[0] = transforms._as_gradient, engine.guard_kept
-                transforms._as_gradient, engine.guard_kept = _typed_gradient, _guard_kept_traced
+                if _as_gradient is None: _as_gradient, _guard_kept[0], _backward[0] = transforms._as_gradient, engine.guard_kept, transforms.backward
+                transforms._as_gradient, engine.guard_kept, transforms.backward = _typed_gradient, _guard_kept_traced, _marked_backward
             _patched_count += 1
     def __exit__(self, *exc):
         global _patched_count
@@ -433,7 +434,8 @@ class _Tracing:
         self.trace.active = False
         with _patch_lock:
             _patched_count -= 1
-            if _patched_count == 0: _transforms()._as_gradient, _engine().guard_kept = _as_gradient, _guard_kept[0]
+            if _patched_count == 0:
+                _transforms()._as_gradient, _engine().guard_kept, _transforms().backward = _as_gradient, _guard_kept[0], _backward[0]
 
 def _transforms():
     from fastad import transforms
@@ -444,6 +446,13 @@ def _engine():
     from fastad import engine
     return engine
 _guard_kept = [None]               # the engine's own, once a trace has begun
+_backward = [None]
+
+def _marked_backward(recording, seeds, consume=False):
+    "The engine's backward pass, its start marked in the program being traced (the listing shows it)."
+    trace = getattr(_local, 'trace', None)
+    if trace is not None: trace.marks.append((len(trace.ops), 'backward pass'))
+    return _backward[0](recording, seeds, consume=consume)
 
 def _guard_kept_traced(recording, name, args, kwargs, chains):
     """The engine's `guard_kept`, and for a tracer that a pullback keeps, its trace-time array locked read-only as eager
@@ -732,6 +741,7 @@ class Program:
     def __init__(self, trace, inputs, out_tpl, effects):
         self.ops, self.consts, self.values, self.inputs = trace.ops, trace.consts, trace.values, inputs
         self.ragged = trace.ragged                 # slots whose size depends on the data: no buffer planned for them
+        self.marks, self.names, self.notes = trace.marks, {}, {}   # names: slot -> where the input came from
         self.out_tpl, self.effects = out_tpl, effects
         self.results = sorted(set(_slots_of(out_tpl, []) + [s for _, _, tpl, _ in effects for s in _slots_of(tpl, [])]))
         self.live = self._eliminate()
@@ -754,7 +764,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
     """The replay as one Python function: a flat list of calls on local variables, each buffer freed after its last use.
     A CUDA graph's parts pass `ops`, `inputs` and `outputs` (a part of the program); `keep` returns its locals too."""
     ns = {f"k{i}": c for i, c in enumerate(self.consts)}
-    ops, inputs, outputs = ops or self.live, self.inputs if inputs is None else inputs, self.results if outputs is None else outputs
+    ops, inputs, outputs = self.live if ops is None else ops, self.inputs if inputs is None else inputs, self.results if outputs is None else outputs
     last, results = {}, set(outputs) | set(inputs)
     for j, op in enumerate(ops):
         for s in _slots_in((op.args, op.kwargs), []): last[s] = j
@@ -765,14 +775,18 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
     ns.update(_SCALAR_NAMES)
     numpy_only = all(type(v) is np.ndarray or isinstance(v, (np.generic, int, float)) for v in self.values)
     lines = [f"def replay({''.join(f's{i}, ' for i in inputs)}):"]
+    notes = {}                                     # j -> what the replay does instead of the call, for the listing
     for j, op in enumerate(ops):
         args, kwargs = _render(op.args, ns), _render(op.kwargs, ns)
         fn = op.fn
-        if j in scalars: call = scalars[j].format(*[_render(a, ns) for a in op.args])
-        elif reuse and op.site == 'unbroadcast' and (rows := self._row_sum(op, ns)) is not None: call = rows
-        elif reuse and fn is np.where and (select := self._select(op, ns)) is not None: call = select
+        if j in scalars: call = scalars[j].format(*[_render(a, ns) for a in op.args]); notes[j] = 'Python float arithmetic'
+        elif reuse and op.site == 'unbroadcast' and (rows := self._row_sum(op, ns)) is not None:
+            call = rows; notes[j] = 'as ones @ rows (_summed_rows), as eager fastad sums a bias gradient'
+        elif reuse and fn is np.where and (select := self._select(op, ns)) is not None:
+            call = select; notes[j] = 'masked select: an AND of the bits (_masked)'
         elif fn in _VIEWS and reuse and (view := self._view(op)) is not None:
-            ns[f"f{j}"] = view; call = f"f{j}({args[1:-1].rstrip(', ')})"
+            ns[f"f{j}"] = view; call = f"f{j}({args[1:-1].rstrip(', ')})"; notes[j] = 'the view made directly'
+
         elif fn is operator.getitem: call = f"{_render(op.args[0], ns)}[{_render(op.args[1], ns)}]"
         elif fn is operator.setitem:
             lines.append(f"    {_render(op.args[0], ns)}[{_render(op.args[1], ns)}] = {_render(op.args[2], ns)}")
@@ -782,7 +796,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
             extra = ''
             if reuse and isinstance(fn, np.ufunc) and fn.nout == 1 and not op.kwargs and len(op.outs) == 1:
                 buf = self._reusable(op, j, last, results, views, made)
-                if buf is not None: extra = f"out=s{buf}"
+                if buf is not None: extra = f"out=s{buf}"; notes[j] = f"written over s{buf} (out=)"
             kw = ', '.join(f"{k}={_render(v, ns)}" for k, v in op.kwargs.items())
             call = f"{name}({', '.join(a for a in [args[1:-1].rstrip(', ') if args != '()' else '', kw, extra] if a)})"
         if call is not None:
@@ -799,6 +813,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
     lines.append(f"    return ({''.join(f'_f64(s{s}), ' if s in back else f's{s}, ' for s in outputs)})" + (", locals()" if keep else ''))
     source = '\n'.join(lines)
     exec(compile(source, '<fd.jit program>', 'exec'), ns)
+    if ops is self.live and reuse: self.notes = notes
     return ns['replay'], source
 
 # %% ../nbs/03i_jit_machinery.ipynb #j1build1
@@ -1020,6 +1035,7 @@ def _trace(self: jit, args, parts, generators=None):
     generators = self.generators if generators is None else generators
     gens = {id(g): _Drawing(g, trace, self._draws) for g in generators}
     states = [_state(g) for g in generators]
+    names = _leaf_names(self.f, args, self.static)      # where each input sits, before the function rebinds any
     reached = {n: g for n, g in _reachable(self.f, parts.objs).items() if id(g) not in gens}
     drawn_from = {n: _state(g) for n, g in reached.items()}
     undo, seen = [], set()
@@ -1059,6 +1075,7 @@ def _trace(self: jit, args, parts, generators=None):
                        f"argument, so that the program can draw from it on each call")
     _escaped(self, trace)
     program = Program(trace, list(trace.inputs), out_tpl, effects)
+    program.names = dict(zip(trace.inputs, names))
     program.checks = trace.checks
     program.drew = [n for n, g in reached.items() if _state(g) != drawn_from[n]]
     return result, program
@@ -1080,6 +1097,27 @@ def _places(f, depth=3, found=None):
         found[n] = v
         if depth and isinstance(v, types.FunctionType): _places(v, depth - 1, found)
     return found
+
+def _leaf_names(f, args, static):
+    "Where each array of the arguments sits (`model.layers[0].weight`), in the order `_Args` takes them (the inputs)."
+    try:
+        import inspect
+        params = [p.name for p in inspect.signature(f).parameters.values() if p.kind <= p.POSITIONAL_OR_KEYWORD]
+    except (TypeError, ValueError): params = []
+    names, seen = [], set()
+    def walk(x, path, counter=False):
+        t = type(x)
+        if t is np.ndarray or counter: names.append(path); return
+        kind = _KINDS.get(t) or _KINDS.setdefault(t, _kind_of(x))
+        if kind == 'sequence': [walk(o, f"{path}[{i}]") for i, o in enumerate(x)]
+        elif kind == 'array': names.append(path)
+        elif kind == 'dict': [walk(o, f"{path}[{k!r}]") for k, o in x.items()]
+        elif kind in ('model', 'state') and id(x) not in seen:
+            seen.add(id(x))
+            for n, v in vars(x).items(): walk(v, f"{path}.{n}", kind == 'state' and _is_counter(x, v, n))
+    for i, a in enumerate(args):
+        if i not in static: walk(a, params[i] if i < len(params) else f"args[{i}]")
+    return names
 
 def _reachable(f, objs):
     "The random generators `f` can reach without taking them: its closure, the globals it names, its arguments' attributes."
@@ -1266,18 +1304,25 @@ class Listing:
     def lines(self):
         p = self.program
         yield f"inputs: {', '.join(f's{s}:{_describe(p.values[s])}' for s in p.inputs)}"
-        for op in p.live:
-            if type(op.fn) is _Check: yield f"  check {repr(op.fn).replace('()', f'(s{op.args[0].i})', 1)}"; continue
-            outs = ', '.join(f"s{o}:{_describe(p.values[o])}" for o in op.outs)
-            if op.fn is operator.setitem:
-                yield f"  {_arg_text(op.args[0], p)}[{_index_text(op.args[1], p)}] = {_arg_text(op.args[2], p)}"; continue
-            if op.fn is operator.getitem: yield f"  {outs} = {_arg_text(op.args[0], p)}[{_index_text(op.args[1], p)}]"; continue
-            if op.name in ('.T', '.mT', '.real', '.imag'): yield f"  {outs} = {_arg_text(op.args[0], p)}{op.name}"; continue
-            rest = ', '.join(filter(None, [_arg_text(op.args[1:] if op.name[0] == '.' else op.args, p)[1:-1].rstrip(','),
-                                           _arg_text(op.kwargs, p)]))
-            call = f"{_arg_text(op.args[0], p)}{op.name}({rest})" if op.name[0] == '.' else f"{op.name}({rest})"
-            yield f"  {outs} = {call}" if outs else f"  {call}"
+        for s in p.inputs:
+            if s in p.names: yield f"  s{s} = {p.names[s]}"
+        at, marks, notes = {id(op): k for k, op in enumerate(p.ops)}, list(p.marks), getattr(p, 'notes', {})
+        for j, op in enumerate(p.live):
+            while marks and marks[0][0] <= at[id(op)]: yield f"  # --- {marks.pop(0)[1]} ---"
+            for line in self._line(op, p): yield line + (f"    # {notes[j]}" if j in notes else '')
         yield f"outputs: {', '.join(f's{s}' for s in p.results)}"
+    def _line(self, op, p):
+        "One call as text (a generator of its line)."
+        if type(op.fn) is _Check: yield f"  check {repr(op.fn).replace('()', f'(s{op.args[0].i})', 1)}"; return
+        outs = ', '.join(f"s{o}:{_describe(p.values[o])}" for o in op.outs)
+        if op.fn is operator.setitem:
+            yield f"  {_arg_text(op.args[0], p)}[{_index_text(op.args[1], p)}] = {_arg_text(op.args[2], p)}"; return
+        if op.fn is operator.getitem: yield f"  {outs} = {_arg_text(op.args[0], p)}[{_index_text(op.args[1], p)}]"; return
+        if op.name in ('.T', '.mT', '.real', '.imag'): yield f"  {outs} = {_arg_text(op.args[0], p)}{op.name}"; return
+        rest = ', '.join(filter(None, [_arg_text(op.args[1:] if op.name[0] == '.' else op.args, p)[1:-1].rstrip(','),
+                                       _arg_text(op.kwargs, p)]))
+        call = f"{_arg_text(op.args[0], p)}{op.name}({rest})" if op.name[0] == '.' else f"{op.name}({rest})"
+        yield f"  {outs} = {call}" if outs else f"  {call}"
     def __str__(self): return '\n'.join(self.lines())
     __repr__ = __str__
     def __len__(self): return len(self.program.live)

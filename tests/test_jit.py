@@ -206,7 +206,19 @@ def test_the_program_text():
     assert any(l.strip().startswith("s") and "float32[16,8] = matmul(" in l for l in lines)      # the forward
     assert any("float32[4,8] = matmul(" in l for l in lines)                                     # the weight's gradient
     assert fast.traces == 1 and np.all(model.layers[0].bias == 0)                                # on a copy
-    assert len(fast.program(model, opt, np.ones((16, 4), np.float32), np.ones((16, 1), np.float32))) == len(lines) - 2
+    calls = [l for l in lines[1:-1] if not l.startswith(('  s0 =', '  s1 =', '  s2 =', '  s3 =', '  s4 =', '  s5 =', '  s6 =', '  #'))]
+    assert len(fast.program(model, opt, np.ones((16, 4), np.float32), np.ones((16, 1), np.float32))) == len(calls)
+
+def test_the_program_text_names_inputs_marks_the_backward_pass_and_notes_what_the_replay_fuses():
+    fast = jit(_step(lambda model, x, y: fd.mse(model(x), y)))
+    model = _mlp(np.float32); opt = fd.SGD(model, 0.1)
+    lines = str(fast.program(model, opt, np.ones((16, 4), np.float32), np.ones((16, 1), np.float32))).splitlines()
+    assert lines[1:8] == ['  s0 = model.layers[0].weight', '  s1 = model.layers[0].bias', '  s2 = model.layers[1].weight',
+                          '  s3 = model.layers[1].bias', '  s4 = opt.updates', '  s5 = x', '  s6 = y']
+    back = lines.index('  # --- backward pass ---')
+    assert any('= matmul(s5, s0)' in l for l in lines[:back]) and any('= matmul(' in l for l in lines[back:])
+    assert any('# as ones @ rows (_summed_rows)' in l for l in lines) and any('# masked select' in l for l in lines)
+    assert any('(out=)' in l for l in lines)
 
 def test_dead_code_is_dropped_and_buffers_are_reused():
     def f(x):
