@@ -404,22 +404,44 @@ def test_a_masked_gradient_replays_as_a_bitwise_select_equal_to_np_where():
     assert all('_masked(' in p.source for p in fast.programs.values())
 
 class _FakeCuPy:
-    "CuPy's names that the CUDA graph path uses, on the strict backend: a launch runs the captured calls into the same buffers."
+    """CuPy's names that the CUDA graph path uses, on the strict backend. As a CUDA graph records kernels with their
+    arguments, the capture records each call the device replay makes (its function, its buffers, its Python numbers),
+    and a launch runs those recorded calls again, on the same buffers and with the same numbers: a host value that the
+    capture froze (rather than reading it from a device scalar) stays frozen, as on a GPU."""
     def __init__(self, replay): self.replay, self.empty, self.zeros, self.launches = replay, fd.strict.empty, fd.strict.zeros, 0
     @property
     def cuda(self):
         fake = self
         class Graph:
+            def __init__(self, calls): self.calls = calls
             def launch(self, stream):
                 fake.launches += 1
-                new, _ = fake.replay.device(*fake.replay.args)
-                for o, n in zip(fake.replay.outs, new): o[...] = n        # the graph writes its fixed output buffers
+                now = {}                                                # id(captured result) -> this launch's
+                def fresh(v):
+                    t = type(v)
+                    if t is tuple or t is list: return t(fresh(o) for o in v)
+                    if t is dict: return {k: fresh(o) for k, o in v.items()}
+                    return now.get(id(v), v)
+                for fn, args, kwargs, result in self.calls:
+                    r = fn(*fresh(args), **fresh(kwargs))
+                    for old, new in (zip(result, r) if type(result) is tuple else ((result, r),)): now[id(old)] = new
+                for o in fake.replay.outs: o[...] = fresh(o)            # the graph writes its fixed output buffers
         class Stream:
             def __init__(self, non_blocking): assert non_blocking
             def __enter__(self): return self
             def __exit__(self, *exc): pass
-            def begin_capture(self): pass
-            def end_capture(self): return Graph()
+            def begin_capture(self):
+                ns, self.calls, self.saved = fake.replay.device.__globals__, [], {}
+                for name, f in list(ns.items()):
+                    if callable(f) and not isinstance(f, type) and (name[0] == 'f' and name[1:].isdigit() or name in ('_summed_rows', '_masked')):
+                        def recorded(*args, _f=f, **kwargs):
+                            r = _f(*args, **kwargs)
+                            self.calls.append((_f, args, kwargs, r))
+                            return r
+                        self.saved[name] = f; ns[name] = recorded
+            def end_capture(self):
+                fake.replay.device.__globals__.update(self.saved)
+                return Graph(self.calls)
         import types
         return types.SimpleNamespace(Stream=Stream)
 
@@ -441,9 +463,12 @@ def test_the_cuda_graph_plan_and_replay_on_the_strict_backend():
         assert plan.refused is None and plan.scalars and plan.host_ops and all(type(program.live[j].fn).__name__ != '_Check' for j in plan.device_ops)
         graph = _GraphReplay(program, plan, cp=None)
         graph.cp = _FakeCuPy(graph)
-        for x, y in batches[3:]:
+        for k, (x, y) in enumerate(batches[3:]):
             parts = _Args((traced, traced_opt, x, y), ())
             got = program.build(graph(parts.leaves), parts.objs)
+            if k == 0:                                   # captured: from now on only the recorded calls run
+                def no_python_replay(*args): raise AssertionError("a launch ran the Python replay")
+                graph.device = no_python_replay
             assert _close(fd.to_host(got), fd.to_host(step(eager, eager_opt, x, y)), 1e-12)
             for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): assert _close(fd.to_host(p), fd.to_host(q), 1e-12)
         assert graph.cp.launches == 4 and traced_opt.updates == eager_opt.updates == 7
