@@ -32,11 +32,10 @@ def _holds(v, a, depth):
         if type(a) is not _ndarray: return False
         owner = a if a.base is None else a.base
         return v is owner or (v.base is not None and v.base is owner)
-    if DEVICE_ARRAY[kind]: return DEVICE_ARRAY[type(a)] and memory_owner(v) is memory_owner(a)   # a view of it
-    if not depth: return False
-    if kind is _function: return keeps(v, a, depth - 1)
-    if kind in (tuple, list) and len(v) < 64: return any(_holds(u, a, depth - 1) for u in v)
-    return False
+    if depth:
+        if kind is _function: return keeps(v, a, depth - 1)
+        if kind in (tuple, list) and len(v) < 64: return any(_holds(u, a, depth - 1) for u in v)
+    return DEVICE_ARRAY[kind] and DEVICE_ARRAY[type(a)] and memory_owner(v) is memory_owner(a)   # a view of it
 
 def keeps(chain, a, depth=2):
     "Does `chain` keep array `a` (or a view of its memory) for the backward pass? Not a plain function: assume so."
@@ -184,7 +183,7 @@ def give_copy(chains, a):
     "Give `chains` that keep device array `a` one copy of it, in its place; False where one holds it out of reach."
     copy = None
     for c in chains:
-        if c is None or not keeps(c, a): continue
+        if not keeps(c, a): continue
         if type(c) is not _function: return False     # a callable object, a partial: no closure to look into
         if copy is None: copy = a.copy()
         if _swapped(c, a, copy, 3) is None: return False
@@ -213,14 +212,27 @@ def _swapped(v, a, copy, depth):
 def guard_kept(recording, name, args, kwargs, chains):
     """Keep the user's arrays among `args` and `kwargs` that `chains` keep as they are now: a NumPy array is locked,
     a device array's chains get a copy (`give_copy`). False where that failed: run the rule again on `with_copies`."""
-    done = True
-    for v in (*args, *kwargs.values()) if kwargs else args:
-        for a in v if type(v) is tuple else (v,):     # x[i, j]: a tuple of index arrays
-            kind = type(a)
-            if kind is _ndarray:
-                if any(keeps(c, a) for c in chains if c is not None): lock(recording, a, name)
-            elif kind is not float and DEVICE_ARRAY[kind] and not give_copy(chains, a): done = False
+    locks, recorded, done = recording.locks, None, True
+    for a in (*args, *_flat(kwargs)) if kwargs else args:
+        kind = type(a)
+        if kind is _ndarray:
+            if id(a) in locks: continue               # locked already (the same buffer in every iteration)
+        elif kind is float or not DEVICE_ARRAY[kind]: continue
+        if recorded is None: recorded = _recorded(recording, args, chains)
+        if kind is _ndarray:
+            for c in recorded:
+                if keeps(c, a): lock(recording, a, name); break
+        elif not give_copy(recorded, a): done = False
     return done
+
+def _flat(kwargs):
+    "The values of `kwargs`, a tuple among them (x[i, j]'s index arrays) spread out."
+    return [a for v in kwargs.values() for a in (v if type(v) is tuple else (v,))]
+
+def _recorded(recording, args, chains):
+    "The chains among `chains` that `recording` records: with a chain per input, a constant's is dropped unread."
+    if len(chains) != len(args): return [c for c in chains if c is not None]
+    return [c for a, c in zip(args, chains) if c is not None and getattr(a, '_recording', None) is recording]
 
 def with_copies(v):
     "`v` (a value, or a list, tuple or dict of them) with a copy of each device array in it."
