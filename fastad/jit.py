@@ -214,6 +214,7 @@ class _Check:
     def __repr__(self):
         return f"{self.what.strip('_')}() {'is ' + self.expected if self.floating else '== ' + repr(self.expected)}, as at {self.site.split(':')[0]}"
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1ragged
 def _ragged_read(t, what):
     """`.shape`, `.size` or `len()` of a tracer whose size depends on the data (np.nonzero, x[mask]): in fastad's code a
     check the replay repeats; in the user's code a refusal, since the program would freeze this call's count."""
@@ -285,6 +286,7 @@ class _Const:
 
 _LITERALS = (int, float, bool, str, type(None), type(Ellipsis), complex)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1trace0
 class _Trace:
     "One run of a function on Tracers: the ops it made, the constants they read, the values (slots) they made."
     def __init__(self):
@@ -725,6 +727,7 @@ def _root(v):
     while getattr(v, 'base', None) is not None: v = v.base
     return v
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1desc00
 class _Desc:
     "What a program keeps of a trace-time array once compiled: its type, shape and dtype, not its memory."
     __slots__ = ('kind', 'shape', 'dtype', 'base')
@@ -1080,6 +1083,7 @@ def _trace(self: jit, args, parts, generators=None):
     program.drew = [n for n, g in reached.items() if _state(g) != drawn_from[n]]
     return result, program
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1reach0
 def _places(f, depth=3, found=None):
     "What `f` reads without taking it: its closure and the globals it names, and theirs for the functions among them."
     found = {} if found is None else found
@@ -1098,6 +1102,7 @@ def _places(f, depth=3, found=None):
         if depth and isinstance(v, types.FunctionType): _places(v, depth - 1, found)
     return found
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1names0
 def _leaf_names(f, args, static):
     "Where each array of the arguments sits (`model.layers[0].weight`), in the order `_Args` takes them (the inputs)."
     try:
@@ -1125,6 +1130,7 @@ def _reachable(f, objs):
     for o in objs: found.update((f"{type(o).__name__}.{n}", v) for n, v in vars(o).items())
     return {n: v for n, v in found.items() if isinstance(v, (np.random.Generator, np.random.RandomState))}
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1escap0
 def _holds_tracer(x, trace, seen):
     "Does `x` hold a tracer of `trace` (in lists, tuples, dicts, models and optimizer states)?"
     t = type(x)
@@ -1204,6 +1210,7 @@ def _same_fn(f, g):
     if type(f) is _Check: return type(g) is _Check and (f.what, f.expected, f.site) == (g.what, g.expected, g.site)
     return f is g
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1diff00
 def _where(op):
     "` at line 3 of f.py: `y = x * k``: the user's line that made `op`, where known."
     return f" at {_site(*op.line)}" if op.line else ''
@@ -1224,6 +1231,7 @@ def _difference(x, y, p, q):
     if t is slice: return _difference((x.start, x.stop, x.step), (y.start, y.stop, y.step), p, q)
     return None if _same_value(x, y) else ('number' if t in _LITERALS else 'other', x, y)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1same00
 def _same(p, q, name):
     "Refuse to replay when a second trace differs from the first, saying where and what differed, and why that can be."
     def refuse(what, why):
