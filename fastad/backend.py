@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['BACKENDS', 'to_device', 'np2', 'NUMPY_CROSSES_2_VECTORS', 'set_backend', 'get_backend', 'xp', 'use_backend',
-           'gpu_available', 'environment_backend', 'use_gpu', 'array_module', 'is_array', 'zeros', 'ones', 'arange',
-           'asarray', 'to_host', 'default_rng', 'manual_seed', 'random_normal', 'synchronize', 'numpy_function',
-           'in_this_numpy', 'solve_takes_vectors', 'sliding_window_view']
+           'gpu_available', 'environment_backend', 'use_gpu', 'array_module', 'is_array', 'is_numpy', 'zeros', 'ones',
+           'arange', 'asarray', 'to_host', 'default_rng', 'manual_seed', 'random_normal', 'synchronize',
+           'numpy_function', 'in_this_numpy', 'solve_takes_vectors', 'sliding_window_view']
 
 # %% ../nbs/90_backend.ipynb #2d9a61c2
 import contextlib, os, sys
@@ -124,6 +124,10 @@ def is_array(x):
     "Is `x` an array of one of the backends (not a Python or NumPy scalar)?"
     if isinstance(x, (np.ndarray, strict.StrictArray)) or type(x).__module__.startswith('cupy'): return True
     return getattr(type(x), '__fastad_array_module__', None) is not None and x.__fastad_array_module__ is not None
+
+def is_numpy(module):
+    "Is `module` NumPy, or a stand-in of it (fd.jit's traced NumPy, whose array makers trace)? Ask this, not `module is np`."
+    return module is np or getattr(module, '__fastad_numpy__', False) is True
 
 # %% ../nbs/90_backend.ipynb #b0b0000f
 def _shape(op, shape):

@@ -494,7 +494,7 @@ class _TracedFunction:
 class _TracedModule:
     """An array module as fastad's code sees it through `array_module(tracer)` while tracing: its makers (`xp.zeros`)
     make traced arrays, so that fastad's rules can write traced values into them. NumPy itself is left alone."""
-    def __init__(self, module, trace): self._module, self._tr = module, trace
+    def __init__(self, module, trace): self._module, self._tr, self.__fastad_numpy__ = module, trace, module is np
     def __getattr__(self, name):
         a = getattr(self._module, name)
         key = (self._module.__name__, name)

@@ -614,3 +614,15 @@ def test_a_second_trace_that_differs_says_what_and_where():
     noisy = jit(lambda x: x + rng.normal(size=x.shape)); noisy(np.zeros(3))
     with pytest.raises(JitError, match=r"random draw from a generator it does not take \(rng advanced"): noisy(np.zeros(3))
     with pytest.raises(JitError, match=r"round\(\) of float64\[3\].*np.round"): jit(lambda x: round(x))(np.ones(3))
+
+def test_is_numpy_sees_the_traced_stand_in_of_numpy():
+    "array_module(tracer) is a traced stand-in of NumPy (its makers trace); code that asks `xp is np` must ask is_numpy(xp)."
+    from fastad import backend
+    seen = []
+    def f(x):
+        xp = backend.array_module(x)
+        seen.append((xp is np, backend.is_numpy(xp), type(xp.zeros(2)).__name__))
+        return x * 2
+    fast = jit(f)
+    for _ in range(3): fast(np.ones(2))
+    assert seen == [(False, True, 'Tracer')] * 2 and backend.is_numpy(np) and not backend.is_numpy(fd.strict)
