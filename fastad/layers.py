@@ -6,7 +6,7 @@
 __all__ = ['Layer', 'discards_with', 'Dense', 'sequenced', 'Sequential', 'mse', 'positive_number', 'Optimizer', 'SGD', 'Adam']
 
 # %% ../nbs/03h_layers_and_optimizers.ipynb #f95ee20b
-import dataclasses, numbers
+import dataclasses, math, numbers
 import numpy as np
 from .backend import random_normal, zeros
 from .errors import ArgumentError, DifferentiationError, ShapeError, whole_number
@@ -102,12 +102,13 @@ def mse(predicted, expected):
 
 # %% ../nbs/03h_layers_and_optimizers.ipynb #1279cbbc
 def positive_number(op, name, value, zero_ok=False):
-    "`value` as a float, or an ArgumentError saying that `op`'s argument `name` must be a positive (or, `zero_ok`, non-negative) number."
+    "`value` as a float, or an ArgumentError saying that `op`'s argument `name` must be a finite positive (or, `zero_ok`, non-negative) number."
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (value >= 0 if zero_ok else value > 0):
         raise ArgumentError(f"{op}: {name} must be a {'non-negative' if zero_ok else 'positive'} number, got {value!r}")
+    if value == math.inf: raise ArgumentError(f"{op}: {name} must be a finite number, got {value!r}")
     return float(value)
 
-_positive = positive_number     # the name fastad.training imports
+_positive = positive_number     # an older name, kept for code that imports it
 
 # %% ../nbs/03h_layers_and_optimizers.ipynb #cB04a05
 def _parameter_keys(x, owner, path, keys):

@@ -12,10 +12,11 @@ import numpy as np
 from . import backend, layers
 from .backend import array_module, to_host
 from .jit import Tracer
-from .errors import ArgumentError, DataError, ShapeError, _whole_number
-from .layers import _positive
+from .more_layers import shared_generator
+from .errors import ArgumentError, DataError, ShapeError, whole_number
+from .layers import positive_number
 from .progress import progress as _progress_bar
-from .tree import Differentiable, flatten, is_leaf, rebuilt, tree_map, map_structure, _fields_of, _is_traced
+from .tree import Differentiable, flatten, is_leaf, rebuilt, tree_map, map_structure, fields_of, is_traced_value
 
 # %% ../nbs/03j_training_kit.ipynb #a03j0006
 def _rate(op, name, value):
@@ -31,7 +32,7 @@ class Schedule:
     def __init__(self, rule, text, traced=None): self.rule, self.text, self.traced = rule, text, traced or rule
     def __call__(self, step):
         if type(step) is Tracer: return self.traced(step)
-        return self.rule(_whole_number(self.text, 'step', step, least=0))
+        return self.rule(whole_number(self.text, 'step', step, least=0))
     def __repr__(self): return self.text
 
 def constant_schedule(value):
@@ -43,7 +44,7 @@ def step_schedule(value, step_size, gamma=0.1):
     """`value * gamma ** (step // step_size)`: multiplied by `gamma` every `step_size` steps (PyTorch's `StepLR`, optax's
     `exponential_decay(value, step_size, gamma, staircase=True)`). `step_schedule(0.05, 30)(45)` is 0.005."""
     value, gamma = _rate('step_schedule', 'value', value), _rate('step_schedule', 'gamma', gamma)
-    step_size = _whole_number('step_schedule', 'step_size', step_size)
+    step_size = whole_number('step_schedule', 'step_size', step_size)
     return Schedule(lambda step: value * gamma ** (step // step_size),
                     f"step_schedule({value!r}, step_size={step_size}, gamma={gamma!r})")
 
@@ -54,8 +55,8 @@ def warmup_cosine_schedule(peak_value, warmup_steps, total_steps, init_value=0.0
     op = 'warmup_cosine_schedule'
     peak, init, end = (_rate(op, n, v) for n, v in (('peak_value', peak_value), ('init_value', init_value), ('end_value', end_value)))
     if peak == 0: raise ArgumentError(f"{op}: peak_value must be above 0 (the schedule's end is a fraction of it, as in optax)")
-    warmup = _whole_number(op, 'warmup_steps', warmup_steps, least=0)
-    total = _whole_number(op, 'total_steps', total_steps)
+    warmup = whole_number(op, 'warmup_steps', warmup_steps, least=0)
+    total = whole_number(op, 'total_steps', total_steps)
     if total <= warmup:
         raise ArgumentError(f"{op}: total_steps ({total}) counts the warm-up too, so it must be more than warmup_steps ({warmup})")
     decay, alpha = total - warmup, end / peak
@@ -120,7 +121,7 @@ class AdamW(Adam):
     `learning_rate * weight_decay * p`, then takes Adam's step. `AdamW(model, 1e-3, weight_decay=0.01)`."""
     def __init__(self, model, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         super().__init__(model, learning_rate, betas, eps)
-        self.weight_decay = _positive('AdamW', 'weight_decay', weight_decay, zero_ok=True)
+        self.weight_decay = positive_number('AdamW', 'weight_decay', weight_decay, zero_ok=True)
 
     def _step(self, model, along):
         if self.weight_decay == 0: return super()._step(model, along)          # Adam's step, exactly
@@ -137,8 +138,10 @@ class AdamW(Adam):
 
 # %% ../nbs/03j_training_kit.ipynb #a03j0012
 def _squares(leaf):
-    "The sum of the squares of one leaf's entries (a float, or an array's sum, in its dtype and array module)."
-    return leaf * leaf if type(leaf) is float else (leaf * leaf).sum()
+    "The sum of the squares of one leaf's entries (a float, or an array's sum in its array module, float32 at least)."
+    if type(leaf) is float: return leaf * leaf
+    if leaf.dtype.itemsize < 4 and leaf.dtype.kind == 'f': leaf = leaf.astype(np.float32)   # float16: 300 ** 2 overflows
+    return (leaf * leaf).sum()
 
 def global_norm(tree):
     """The L2 norm of all the leaves of `tree` (a gradient, a model, a list or dict of arrays) taken as one vector:
@@ -155,7 +158,8 @@ def clip_by_global_norm(grads, max_norm):
     """`grads` scaled by `max_norm / max(norm, max_norm)`, `norm` being their `global_norm`: unchanged when within
     `max_norm`, shortened to it otherwise (optax's `clip_by_global_norm`, PyTorch's `clip_grad_norm_`). Any structure;
     dtypes kept. `g = fd.clip_by_global_norm(g, 1.0)`."""
-    max_norm = _positive('clip_by_global_norm', 'max_norm', max_norm)
+    if isinstance(max_norm, numbers.Real) and max_norm == math.inf: return grads        # no limit: nothing to clip
+    max_norm = positive_number('clip_by_global_norm', 'max_norm', max_norm)
     norm = global_norm(grads)
     scale = max_norm / array_module(norm).maximum(norm, max_norm)
     return tree_map(lambda leaf: _scaled(leaf, scale), grads)
@@ -178,7 +182,7 @@ def _static(v):
 def _describe(x, leaves, where, seen):
     "The JSON description of `x`, putting its leaves in `leaves`; a model met again (a tied layer) is `{'same_as': path}`."
     if is_leaf(x):
-        if _is_traced(x): raise ArgumentError(f"save: {where} is a traced value; save the model outside fd.gradient and the other transforms")
+        if is_traced_value(x): raise ArgumentError(f"save: {where} is a traced value; save the model outside fd.gradient and the other transforms")
         leaves.append(x)
         return {'leaf': len(leaves) - 1, 'shape': list(np.shape(x)), 'dtype': 'float64' if type(x) is float else str(x.dtype)}
     if isinstance(x, Differentiable):
@@ -187,7 +191,7 @@ def _describe(x, leaves, where, seen):
     if hasattr(type(x), '__dataclass_fields__'):
         return {'type': type(x).__qualname__, 'fields': {
             name: _describe(getattr(x, name), leaves, f"{where}.{name}", seen) if d else {'static': _static(getattr(x, name))}
-            for name, d in _fields_of(type(x)).differentiable}}
+            for name, d in fields_of(type(x)).differentiable}}
     if isinstance(x, dict): return {'dict': [[_static(k), _describe(v, leaves, f"{where}[{k!r}]", seen)] for k, v in x.items()]}
     if isinstance(x, (tuple, list)):
         return {'tuple' if isinstance(x, tuple) else 'list': [_describe(v, leaves, f"{where}[{i}]", seen) for i, v in enumerate(x)]}
@@ -274,7 +278,7 @@ def _loaded(x, d, arrays, where, memo, static=False):
         if isinstance(x, np.generic): return a[()]
         return a if array_module(x) is np else array_module(x).asarray(a)
     elif hasattr(type(x), '__dataclass_fields__'):
-        fields, cls = _fields_of(type(x)), type(x).__qualname__
+        fields, cls = fields_of(type(x)), type(x).__qualname__
         if d.get('type') != cls: raise differs(f"is a {d.get('type') or _what(d)} in the file, but a {cls} in like=")
         if set(d['fields']) != set(fields.names):
             raise differs(f"has the fields {sorted(d['fields'])} in the file, but {sorted(fields.names)} in like=")
@@ -314,7 +318,7 @@ class Batches:
     """Batches of `batch_size` rows of `arrays` (an array, or a tuple, list or dict of arrays), in a new order drawn from
     `rng` at each pass when `shuffle`. `len()` is the number of batches. Made by `batches`."""
     def __init__(self, arrays, batch_size, rng=None, shuffle=True, drop_last=False, progress=False):
-        self.batch_size, rows = _whole_number('batches', 'batch_size', batch_size), []
+        self.batch_size, rows = whole_number('batches', 'batch_size', batch_size), []
         def count(a):
             if not hasattr(a, 'shape') or len(a.shape) == 0:
                 raise ArgumentError(f"batches: arrays must be arrays with one example per row, or a tuple, list or dict of "
@@ -335,7 +339,7 @@ class Batches:
     def __iter__(self):
         order = None
         if self.shuffle:
-            rng = self.rng if self.rng is not None else backend._rng.setdefault(backend.get_backend(), backend.default_rng())
+            rng = self.rng if self.rng is not None else shared_generator()
             order = np.asarray(to_host(rng.permutation(self.rows)))
         parts = (self._batch(order, i * self.batch_size) for i in range(len(self)))
         return iter(_progress_bar(parts, desc='batches', total=len(self))) if self.progress else parts

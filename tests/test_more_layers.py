@@ -74,6 +74,16 @@ def test_dropout_without_a_generator_draws_from_fastads_which_manual_seed_reseed
     fd.backend.manual_seed(3); b = fd.Dropout(0.5)(x)
     assert (a == b).all() and (a == 0).any()
 
+def test_the_shared_generator_is_made_once_not_at_every_call(monkeypatch):
+    "Dropout without an rng and an unseeded batch loader built a new generator (seeded from the OS) at every call."
+    from fastad import backend
+    monkeypatch.setattr(backend, '_rng', {})
+    made = []
+    real = backend.default_rng
+    monkeypatch.setattr(backend, 'default_rng', lambda *a: made.append(1) or real(*a))
+    for _ in range(3): fd.Dropout(0.5)(np.ones(4)); list(fd.batches(np.arange(6), 2))
+    assert len(made) == 1
+
 def test_dropout_gradient_is_the_mask_scaled():
     x = np.random.default_rng(2).normal(size=(6, 7))
     g = fd.gradient(lambda x: (fd.Dropout(0.25, rng=np.random.default_rng(9))(x) * x).sum(), x)
@@ -101,6 +111,8 @@ def test_set_training_switches_every_dropout_inside_a_model():
 def test_dropout_refusals():
     with pytest.raises(ArgumentError, match=r"p, the probability of zeroing an entry, must be a number in \[0, 1\], got -0.1"): fd.Dropout(-0.1)
     with pytest.raises(ArgumentError, match="rng must be a random generator"): fd.Dropout(0.5, rng=3)
+    for x in (np.arange(4), np.array([True, False]), 3):                # PyTorch refuses integer input too
+        with pytest.raises(ArgumentError, match="Dropout: x must be floating point"): fd.Dropout(0.5)(x)
 
 # --- Embedding --------------------------------------------------------------------------------------------
 def test_embedding_looks_rows_up_and_starts_standard_normal():
@@ -135,8 +147,8 @@ def test_embedding_gradient_agrees_with_central_differences_inside_sequential():
 
 def test_embedding_refusals():
     table = fd.Embedding(4, 2)
-    with pytest.raises(ArgumentError, match=r"index 4 is outside the table's rows 0..3"): table(np.array([0, 4]))
-    with pytest.raises(ArgumentError, match=r"index -1 is outside"): table(np.array([-1]))
+    with pytest.raises(ArgumentError, match=r"indices holds index 4, which is outside the table's rows 0..3"): table(np.array([0, 4]))
+    with pytest.raises(ArgumentError, match=r"index -1, which is outside"): table(np.array([-1]))
     with pytest.raises(ArgumentError, match="indices must be integers"): table(np.array([1.0]))
     with pytest.raises(ArgumentError, match="count must be a whole number"): fd.Embedding(0, 2)
     with pytest.raises(ShapeError, match=r"weight must be a \(count, size\) table"): fd.Embedding(weight=np.ones(3))
@@ -156,5 +168,7 @@ def test_on_a_device_backend_the_mask_and_the_indices_go_where_the_arrays_are():
         assert array_module(y) is strict
         z = fd.Dropout(0.5)(np.ones(8))                                       # the device's generator, on host data
         assert type(z) is np.ndarray
+        for bad in (-1, 5):                                                   # was the last row, and a bare IndexError
+            with pytest.raises(ArgumentError, match=f"Embedding: indices holds index {bad}"): table(asarray(np.array([bad])))
         norm = fd.LayerNorm(3)
         assert array_module(norm(asarray(np.arange(6.).reshape(2, 3)))) is strict

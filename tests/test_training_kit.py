@@ -93,6 +93,16 @@ def test_optimizer_refusals_name_the_optimizer():
     with pytest.raises(ArgumentError, match="schedule gave -1 for step 1"): opt.update(m, along=W(np.array([1.0])))
     assert m.w == 0.5 and opt.updates == 1
 
+@pytest.mark.parametrize('make, message', [
+    (lambda m: fd.AdamW(m, weight_decay=math.inf), "AdamW: weight_decay must be a finite number, got inf"),
+    (lambda m: fd.AdamW(m, eps=math.inf), "AdamW: eps must be a finite number, got inf"),
+    (lambda m: fd.AdamW(m, eps=math.nan), "AdamW: eps must be a positive number, got nan"),
+    (lambda m: fd.Adam(m, learning_rate=math.inf), "Adam: learning_rate must be"),
+    (lambda m: fd.SGD(m, 0.1, momentum=math.inf), "SGD: momentum must be a finite number, got inf")])
+def test_nonfinite_settings_are_refused_naming_the_optimizer(make, message):
+    "inf as weight decay made the parameters -inf or NaN, as eps it silently took no step: refused when made."
+    with pytest.raises(ArgumentError, match=message): make(W(np.array([1.0])))
+
 # --- AdamW ------------------------------------------------------------------------------------------------
 def adamw_by_hand(params, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-8):
     "torch.optim.AdamW's algorithm, written out: p *= 1 - lr*wd; then Adam's step."
@@ -164,6 +174,18 @@ def test_a_nonfinite_gradient_clips_as_in_optax_and_pytorch():
         out = fd.clip_by_global_norm([np.array([np.inf, 1.0]), np.array([2.0])], 1.0)   # scaled by 1 / inf: [nan, 0], [0]
         assert np.isnan(out[0][0]) and out[0][1] == 0 and out[1][0] == 0
         assert np.isnan(fd.clip_by_global_norm([np.array([np.nan, 1.0])], 1.0)[0]).all()
+
+def test_clipping_to_an_infinite_norm_leaves_the_gradient_as_pytorch_does():
+    g = [np.ones(3) * 10]
+    assert fd.clip_by_global_norm(g, math.inf) is g and (g[0] == 10).all()     # was NaN: 10 * inf / inf
+
+def test_a_float16_gradient_has_its_norm_summed_in_float32():
+    "300 ** 2 overflows float16 (largest 65504): the norm was inf and the clipped gradient zeros; PyTorch gives 300."
+    g = [np.array([300., 1.], np.float16)]
+    norm = fd.global_norm(g)
+    assert np.isfinite(norm) and abs(norm - 300.0017) < 1e-3
+    out = fd.clip_by_global_norm(g, 1.0)[0]
+    assert out.dtype == np.float16 and abs(out[0] - 1) < 1e-3 and abs(out[1] - 1 / 300) < 1e-5
 
 def test_clip_refusals():
     with pytest.raises(ArgumentError, match="clip_by_global_norm: max_norm must be a positive number"): fd.clip_by_global_norm([1.0], -1)
