@@ -4,7 +4,8 @@ Three workloads of the suite: the MLP step (workload 1: 60,000 x 784 -> 50 -> 1,
 parameters' gradients), the tiny CNN step with fastad's layers (workload 3) and the mixed scalar chain of 1,000
 operations (workload 2; under jit from a NumPy float64, since a Python float is a static argument). Each workload runs
 in a fresh process; within it the contenders take turns, in an order that rotates each round, and the ratios are the
-medians of the ratios within a round, so the machine's drift cancels. `--profile` adds where the replay's time goes
+medians of the ratios within a round, so the machine's drift cancels; each ratio also in CPU time (process_time), which
+a loaded machine sways less. `--profile` adds where the replay's time goes
 (cProfile of the compiled program on the CNN step)."""
 import argparse, os, statistics, subprocess, sys, time
 from bench import machine                         # imports no numerical library: the thread count is set first
@@ -57,23 +58,25 @@ def one(workload, rounds, quick, profile):
             raise SystemExit(f"{workload}: fd.jit disagrees with eager fastad")
     for c in calls.values(): c()
     names = list(calls)
-    times = {n: [] for n in names}
+    times, cpu = {n: [] for n in names}, {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            call, k, start = calls[n], 1, time.perf_counter()
+            call, k, start, cstart = calls[n], 1, time.perf_counter(), time.process_time()
             while True:                                   # as many calls as fill about 20 ms
                 for _ in range(k): call()
                 spent = time.perf_counter() - start
                 if spent > 0.02: break
-                k *= 2; start = time.perf_counter()
+                k *= 2; start, cstart = time.perf_counter(), time.process_time()
             times[n].append(spent / k / per)
+            cpu[n].append((time.process_time() - cstart) / k / per)   # this process's CPU time: less swayed by a loaded machine
     unit, scale = ('µs/op', 1e6) if per > 1 else ('µs', 1e6) if statistics.median(times['fd.jit']) < 1e-2 else ('ms', 1e3)
     print(f"{workload}: " + ', '.join(f"{n} {statistics.median(t) * scale:.2f} {unit}" for n, t in times.items()))
-    jit_t = times['fd.jit']
     for n in names:
         if n != 'fd.jit':
-            print(f"    fd.jit / {n} = {statistics.median(a / b for a, b in zip(jit_t, times[n])):.2f}")
+            wall = statistics.median(a / b for a, b in zip(times['fd.jit'], times[n]))
+            proc = statistics.median(a / b for a, b in zip(cpu['fd.jit'], cpu[n]))
+            print(f"    fd.jit / {n} = {wall:.2f} (CPU time {proc:.2f})")
     if profile: _profile(calls)
 
 def _profile(calls):

@@ -626,3 +626,44 @@ def test_is_numpy_sees_the_traced_stand_in_of_numpy():
     fast = jit(f)
     for _ in range(3): fast(np.ones(2))
     assert seen == [(False, True, 'Tracer')] * 2 and backend.is_numpy(np) and not backend.is_numpy(fd.strict)
+
+def _conv_grads(model, x, labels):
+    return fd.value_with_gradient(lambda m: fd.softmax_cross_entropy(m(x), labels), model)
+
+def _leaves(result):
+    value, grads = result
+    return [value] + fd.tree.flatten(grads, static_ok=True)[0]
+
+@pytest.mark.parametrize('dtype,tol', [(np.float64, 1e-12), (np.float32, 1e-6)])
+def test_a_filter_gradient_reuses_the_forward_window_rows(dtype, tol):
+    rng = np.random.default_rng(4)
+    model, x, labels = _cnn(dtype), rng.normal(size=(10, 16, 16, 3)).astype(dtype), rng.integers(0, 10, 10)
+    fast = jit(_conv_grads)
+    for _ in range(3):
+        for e, g in zip(_leaves(_conv_grads(model, x, labels)), _leaves(fast(model, x, labels))): assert _close(e, g, tol)
+    program = list(fast.programs.values())[0]
+    names = [op.name for op in program.live]
+    assert names.count('_rows_product') == 1 and 'stack' not in names          # one product, not a product per filter row
+    assert names.count('sliding_window_view') == 1                              # the input windowed once, not twice
+    assert len(program.rewrites) == 1 and 'kept: one product' in str(fast.program(model, x, labels))
+
+@pytest.mark.parametrize('strides,padding', [((2, 2), 'same'), ((1, 2), 'valid'), ((1, 1), 'same')])
+def test_kept_window_rows_of_other_geometries_equal_eager(strides, padding):
+    rng = np.random.default_rng(5)
+    conv = fd.Conv2D(filter=rng.normal(size=(3, 3, 2, 4)), bias=np.zeros(4), strides=strides, padding=padding, activation=None)
+    model, x = fd.Sequential([conv, fd.Flatten()]), rng.normal(size=(3, 9, 8, 2))
+    grads = lambda m, x: fd.value_with_gradient(lambda m: (m(x) ** 2).sum(), m)
+    fast = jit(grads)
+    for _ in range(3):
+        for e, g in zip(_leaves(grads(model, x)), _leaves(fast(model, x))): assert _close(e, g, 1e-12)
+
+def test_window_rows_over_the_memory_plan_are_not_kept(monkeypatch):
+    import sys
+    monkeypatch.setattr(sys.modules['fastad.jit'], 'KEEP_ROWS_BYTES', 0)
+    rng = np.random.default_rng(4)
+    model, x, labels = _cnn(np.float64), rng.normal(size=(10, 16, 16, 3)), rng.integers(0, 10, 10)
+    fast = jit(_conv_grads)
+    for _ in range(3):
+        for e, g in zip(_leaves(_conv_grads(model, x, labels)), _leaves(fast(model, x, labels))): assert _close(e, g, 1e-12)
+    program = list(fast.programs.values())[0]
+    assert 'stack' in [op.name for op in program.live] and program.rewrites == []
