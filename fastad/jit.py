@@ -1059,6 +1059,49 @@ def _rewritten(self: Program, ops):
             self.rewrites.append(f"s{op.outs[0]}: rows.T @ g from the window rows s{new.args[0].i} of the forward pass")
     return self._eliminate(ops) if changed else ops
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1walk01
+def _walker(args, static):
+    "A generated function taking arguments of `args`' signature apart as `_Args` does, `(leaves, objs)`; None if any differs."
+    ns, lines, leaves, objs, seen = {'ndarray': np.ndarray}, [], [], [], {}
+    def const(v):
+        name = f"c{len(ns)}"; ns[name] = v; return name
+    def var(expr):
+        name = f"v{len(lines)}"; lines.append(f"    {name} = {expr}"); return name
+    def guard(cond): lines.append(f"    if {cond}: return None")
+    def walk(x, e, counter=False):
+        t = type(x)
+        guard(f"type({e}) is not {const(t)}")
+        if t is np.ndarray:
+            guard(f"{e}.shape != {x.shape!r} or {e}.dtype != {const(x.dtype)} or {e}.strides != {x.strides!r}")
+            leaves.append(e); return
+        if counter: leaves.append(e); return
+        kind = _KINDS.get(t) or _KINDS.setdefault(t, _kind_of(x))
+        if kind == 'literal': guard(f"{e} != {const(x)}")
+        elif kind == 'sequence':
+            guard(f"len({e}) != {len(x)}")
+            for i, o in enumerate(x): walk(o, var(f"{e}[{i}]"))
+        elif kind == 'array':
+            guard(f"{e}.shape != {x.shape!r} or {e}.dtype != {const(x.dtype)} or getattr({e}, 'strides', None) != {const(getattr(x, 'strides', None))}")
+            leaves.append(e)
+        elif kind == 'dict':
+            guard(f"tuple({e}) != {const(tuple(x))}")
+            for k, o in x.items(): walk(o, var(f"{e}[{const(k)}]"))
+        elif kind == 'static': guard(f"{e} != {const(x)}" if _hashable(x) is x else f"{e} is not {const(x)}")
+        elif id(x) in seen: guard(f"{e} is not {seen[id(x)]}")
+        else:                                       # a model or a stateful object
+            seen[id(x)] = e; objs.append(e)
+            state = vars(x)
+            d = var(f"{e}.__dict__")
+            guard(f"tuple({d}) != {const(tuple(state))}")
+            for name, v in state.items(): walk(v, var(f"{d}[{name!r}]"), kind == 'state' and _is_counter(x, v, name))
+    for i, a in enumerate(args):
+        if i in static: guard(f"a{i} != {const(a)}" if _hashable(a) is a else f"a{i} is not {const(a)}")
+        else: walk(a, f"a{i}")
+    if len(objs) > 1: guard(f"len({{{', '.join(f'id({o})' for o in objs)}}}) != {len(objs)}")   # distinct, as they were
+    head = f"def walk({''.join(f'a{i}, ' for i in range(len(args)))}*more):\n    if more: return None\n"
+    exec(compile(head + '\n'.join(lines) + f"\n    return [{', '.join(leaves)}], [{', '.join(objs)}]", '<fd.jit walk>', 'exec'), ns)
+    return ns['walk']
+
 # %% ../nbs/03i_jit_machinery.ipynb #bca12cd4
 class jit:
     """`f`, traced once per signature (the structure of the arguments, each array's shape and dtype, the values of the
@@ -1067,17 +1110,23 @@ class jit:
         self.f, self.static = f, (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.programs, self.pending, self.generators, self._draws = OrderedDict(), OrderedDict(), tuple(generators), {}
         self.traces, self.cuda_graph = 0, cuda_graph   # cuda_graph: on CuPy, each replay is one CUDA graph launch
-        self.signatures, self.warned = 0, False
+        self.signatures, self.warned, self._walker = 0, False, None
         self.__wrapped__ = f
         self.__name__ = getattr(f, '__name__', 'f')
 
     def __call__(self, *args):
+        w = self._walker                            # the last replayed signature's own walk: a guard and the leaves
+        if w is not None and w[0] == len(_CARRIED):
+            try: got = w[1](*args)
+            except Exception: got = None             # a static value that cannot be compared: the full walk decides
+            if got is not None: return self._replay(w[2], *got)
         if any(type(l) is Tracer for l in _leaves_of(args)): return self.f(*args)   # inside another trace: inlined
         parts = _Args(args, self.static)
         program = self.programs.get(parts.key)
         if program is not None:
             self.programs.move_to_end(parts.key)    # the least recently replayed goes first when the cache is full
-            return self._replay(program, parts)
+            self._walker = (len(_CARRIED), _walker(args, self.static), program)
+            return self._replay(program, parts.leaves, parts.objs)
         first = self.pending.get(parts.key)
         result, program = self._trace(args, parts)
         if first is None:
@@ -1256,11 +1305,11 @@ def _escaped(jitted, trace):
 
 # %% ../nbs/03i_jit_machinery.ipynb #68f0071e
 @patch
-def _replay(self: jit, program, parts):
-    if self.cuda_graph and (program.graph or any(type(l).__module__.startswith('cupy') for l in parts.leaves)):
+def _replay(self: jit, program, leaves, objs):
+    if self.cuda_graph and (program.graph or any(type(l).__module__.startswith('cupy') for l in leaves)):
         if program.graph is None: program.graph = _GraphReplay(program, graph_plan(program))
-        return program.build(program.graph(parts.leaves), parts.objs)
-    return program.build(program.replay(*parts.leaves), parts.objs)
+        return program.build(program.graph(leaves), objs)
+    return program.build(program.replay(*leaves), objs)
 
 # %% ../nbs/03i_jit_machinery.ipynb #a9118767
 @patch

@@ -667,3 +667,22 @@ def test_window_rows_over_the_memory_plan_are_not_kept(monkeypatch):
         for e, g in zip(_leaves(_conv_grads(model, x, labels)), _leaves(fast(model, x, labels))): assert _close(e, g, 1e-12)
     program = list(fast.programs.values())[0]
     assert 'stack' in [op.name for op in program.live] and program.rewrites == []
+
+def test_the_replayed_signatures_generated_walk_falls_back_on_any_difference():
+    grads = lambda m, x: fd.value_with_gradient(lambda m: (m(x) ** 2).sum(), m)
+    fast, model, x = jit(grads), _mlp(np.float64), np.ones((3, 4))
+    for _ in range(3): fast(model, x)
+    leaves, objs = fast._walker[1](model, x)
+    assert len(leaves) == 5 and model in objs
+    assert fast._walker[1](model, np.ones((2, 4))) is None and fast._walker[1](model, x.astype(np.float32)) is None
+    traces = fast.traces
+    model.layers[0].activation = None                           # a static value of the model changed: a new signature
+    for e, g in zip(_leaves(grads(model, x)), _leaves(fast(model, x))): assert _close(e, g, 1e-12)
+    assert fast.traces == traces + 1
+    assert fast._walker[1](model, x.T.copy().T) is None         # other strides
+    pair = jit(lambda a, b: fd.value_with_gradient(lambda a: (a(x) * b(x)).sum(), a))
+    one, two = _mlp(np.float64), _mlp(np.float64, seed=2)
+    for _ in range(3): pair(one, two)
+    assert pair._walker[1](one, one) is None                     # the same model twice is another signature
+    e, g = fd.value_with_gradient(lambda a: (a(x) * a(x)).sum(), one), pair(one, one)
+    assert _close(e[0], g[0], 1e-12)
