@@ -14,7 +14,7 @@ __all__ = ['Entry', 'CONTEXT_RULES', 'REGISTRY', 'scatter_add', 'relu', 'logsume
            'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
 
 # %% ../nbs/03a_primitives.ipynb #9aad28b4
-import inspect, operator
+import operator
 from contextvars import ContextVar
 import numpy as np
 from .backend import array_module
@@ -24,15 +24,11 @@ from .errors import DifferentiationError, NoDerivativeError
 class Primitive:
     """A differentiable operation: a name, its VWC, and whether it broadcasts its inputs elementwise.
     `domain` says where a property test draws its inputs (see `defvwc`).
-    `keeps` says which of the VWC's arguments each input's chain reads in the backward pass: `multiply`'s
-    `dict(x='y', y='x')` (x's cotangent is g * y), `add`'s `{}`; a tuple of names means every chain may read them.
-    The engine locks those that are the user's arrays when that input's chain is recorded (lesson 03b). None: not
-    declared, and the engine looks into the chains' closures instead (a custom rule).
+    What a chain reads in the backward pass is what its closure holds: the engine looks there (`fastad.locks`).
     Calling it computes the value; an argument whose type defines `__fastad_primitive__` (the engine's
     traced value) takes the call over, as `__array_function__` does for NumPy functions."""
-    def __init__(self, name, vwc, unary=False, broadcasts=False, forward=None, keeps=None, domain=None):
+    def __init__(self, name, vwc, unary=False, broadcasts=False, forward=None, domain=None):
         self.name, self.vwc, self.unary, self.broadcasts, self.forward = name, vwc, unary, broadcasts, forward
-        self.keeps, self.kept = keeps, None if keeps is None else _chain_reads(name, vwc, keeps)
         self.domain, self.__name__, self.__doc__ = domain, name, vwc.__doc__
     def __call__(self, *args, **kwargs):
         if self.unary and len(args) != 1:
@@ -45,23 +41,6 @@ class Primitive:
             if handler is not None: return handler(self, args, kwargs)
         return self.forward(*args, **kwargs) if self.forward else self.vwc(*args, **kwargs)[0]
     def __repr__(self): return f"Primitive({self.name!r})"
-
-def _chain_reads(name, vwc, keeps):
-    """`keeps` worked out against `vwc`'s signature: `(input, position, name)` for each argument that the chain of a
-    positional argument (an input) reads, inputs counted from 0 (position None: a keyword-only argument)."""
-    params = inspect.signature(vwc).parameters
-    positional = [p for p, v in params.items() if v.kind in (v.POSITIONAL_ONLY, v.POSITIONAL_OR_KEYWORD)]
-    per_input = keeps if isinstance(keeps, dict) else dict.fromkeys(positional, keeps)
-    per_input = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in per_input.items()}
-    missing = sorted(n for n in set(per_input).union(*per_input.values()) if n not in params)
-    if missing: raise DifferentiationError(f"{name}: keeps names {missing}, which are not arguments of its VWC")
-    not_inputs = [k for k in per_input if k not in positional]
-    if not_inputs: raise DifferentiationError(f"{name}: keeps is keyed by inputs (positional arguments, which have a "
-                                              f"chain), but {not_inputs[0]!r} is keyword-only")
-    return tuple((i, positional.index(n) if n in positional else None, n)
-                 for i, p in enumerate(positional) for n in per_input.get(p, ()))
-
-
 
 # %% ../nbs/03a_primitives.ipynb #rg000002
 class Row:
@@ -148,12 +127,12 @@ def register_adapters(table, refused=False, group=None):
     "`register(f, adapt=a)` for each `f: a` of `table`: a block of adapters, written as a dict."
     for f, a in table.items(): register(f, adapt=a, refused=refused, group=group)
 
-def defvwc(*fns, name=None, unary=False, broadcasts=False, adapt=None, keeps=None, group=None, domain=None):
+def defvwc(*fns, name=None, unary=False, broadcasts=False, adapt=None, group=None, domain=None):
     """Decorator, the one rule form: make the VWC a `Primitive` (as `vwc.primitive`), registered for the NumPy
     callables `fns` under `group`. `domain`: where its property tests draw inputs, a drawer of tests/test_properties.py
     and its words, then why ('elementwise positive: log needs x > 0', 'reduction distinct: no ties')."""
     def decorate(vwc):
-        p = Primitive(name or vwc.__name__.removesuffix('_vwc'), vwc, unary, broadcasts, keeps=keeps, domain=domain)
+        p = Primitive(name or vwc.__name__.removesuffix('_vwc'), vwc, unary, broadcasts, domain=domain)
         register(*fns, primitive=p, adapt=adapt, group=group)
         vwc.primitive = p
         return vwc
@@ -197,22 +176,22 @@ def _negated(g):
     "The cotangent, negated."
     return -g
 
-@defvwc(np.add, broadcasts=True, keeps={}, group='arithmetic', domain='elementwise real real')
+@defvwc(np.add, broadcasts=True, group='arithmetic', domain='elementwise real real')
 def add_vwc(x, y):
     "x + y: the cotangent passes to both unchanged."
     return x + y, (_unchanged, _unchanged)
 
-@defvwc(np.subtract, broadcasts=True, keeps={}, group='arithmetic', domain='elementwise real real')
+@defvwc(np.subtract, broadcasts=True, group='arithmetic', domain='elementwise real real')
 def subtract_vwc(x, y):
     "x - y: the cotangent passes to x, negated to y."
     return x - y, (_unchanged, _negated)
 
-@defvwc(np.multiply, broadcasts=True, keeps=dict(x='y', y='x'), group='arithmetic', domain='elementwise real real')
+@defvwc(np.multiply, broadcasts=True, group='arithmetic', domain='elementwise real real')
 def multiply_vwc(x, y):
     "x * y: each factor's cotangent is g times the other factor."
     return x * y, (lambda g: g * y, lambda g: g * x)
 
-@defvwc(np.true_divide, broadcasts=True, keeps=dict(x='y', y='y'), group='arithmetic',
+@defvwc(np.true_divide, broadcasts=True, group='arithmetic',
         domain='elementwise real away0: |y| >= 0.25')     # and its result
 def divide_vwc(x, y):
     "x / y: g / y for x, -g x / y² for y."
@@ -223,7 +202,7 @@ def divide_vwc(x, y):
     return ans, (lambda g: g / y, lambda g: -g * ans / y)
 
 # %% ../nbs/03a_primitives.ipynb #p3a014
-@defvwc(np.power, broadcasts=True, keeps=dict(x=('x', 'y'), y='x'), group='arithmetic',
+@defvwc(np.power, broadcasts=True, group='arithmetic',
         domain='elementwise positive real: a base in [0.5, 2], where log(x) is defined')
 def power_vwc(x, y):
     "x ** y: g y x^(y-1) for x, g x^y log x for y (where x > 0)."
@@ -249,7 +228,7 @@ def remainder_vwc(x, y):
     "x mod y = x - floor(x / y) * y: slope 1 in x and -floor(x / y) in y, between the jumps."
     return np.remainder(x, y), (_unchanged, lambda g: -g * np.floor_divide(x, y))
 
-@defvwc(np.negative, unary=True, keeps={}, group='arithmetic', domain='elementwise real')
+@defvwc(np.negative, unary=True, group='arithmetic', domain='elementwise real')
 def negative_vwc(x):
     "-x: the cotangent, negated."
     return -x, _negated
@@ -293,14 +272,14 @@ def shared_chains(twice, half):
     return (lambda g: np.where(twice > 0, g * twice * half, 0)), (lambda g: np.where(twice < 2, g * (2 - twice) * half, 0))
 
 # %% ../nbs/03a_primitives.ipynb #p3a026
-@defvwc(np.maximum, broadcasts=True, keeps={}, group='arithmetic',
+@defvwc(np.maximum, broadcasts=True, group='arithmetic',
         domain='elementwise even odd: x and y at least 0.5 apart, no ties')      # masks only
 def maximum_vwc(x, y):
     "Elementwise maximum; a tie splits the cotangent ½/½ between x and y (as np.max splits it between equal elements)."
     ans = np.maximum(x, y)
     return ans, _choice_chains(x > y, x == y, ans)
 
-@defvwc(np.minimum, broadcasts=True, keeps={}, group='arithmetic',
+@defvwc(np.minimum, broadcasts=True, group='arithmetic',
         domain='elementwise odd even: x and y at least 0.5 apart, no ties')
 def minimum_vwc(x, y):
     "Elementwise minimum; a tie splits the cotangent ½/½ between x and y."
@@ -384,7 +363,7 @@ def _product(a, b):
     "`a @ b` for (stacks of) matrices; with an inner dimension of 1, an outer product, by broadcasting: BLAS is slower at it."
     return a * b if np.shape(a)[-1] == 1 else np.matmul(a, b)
 
-@defvwc(np.matmul, keeps=dict(x='y', y='x'), group='products', domain='matmul')
+@defvwc(np.matmul, group='products', domain='matmul')
 def matmul_vwc(x, y):
     "x @ y (vectors, matrices, stacks): g @ yᵀ for x, xᵀ @ g for y."
     # a list on one side (`[1., 2.] @ x`) becomes an array of the other side's kind, so that the chains can index it
@@ -575,13 +554,13 @@ def _count(shape, axis):
     return math.prod(shape) if axis is None else math.prod(shape[a] for a in axes_of(axis))
 
 # %% ../nbs/03a_primitives.ipynb #p3a051
-@defvwc(np.sum, unary=True, keeps={}, group='reductions and scans', domain='reduction empty: size-0 axes too')
+@defvwc(np.sum, unary=True, group='reductions and scans', domain='reduction empty: size-0 axes too')
 def sum_vwc(x, *, axis=None, keepdims=False):
     "Sum over `axis`: the cotangent broadcast back over the summed axes."
     shape = np.shape(x)
     return np.sum(x, axis=axis, keepdims=keepdims), lambda g: np.broadcast_to(expand_reduced(g, shape, axis, keepdims), shape)
 
-@defvwc(np.mean, unary=True, keeps={}, group='reductions and scans', domain='reduction: no empty reductions (NaN)')
+@defvwc(np.mean, unary=True, group='reductions and scans', domain='reduction: no empty reductions (NaN)')
 def mean_vwc(x, *, axis=None, keepdims=False):
     "Mean over `axis`: the cotangent divided by the count, broadcast back."
     shape = np.shape(x)
@@ -664,43 +643,43 @@ def std_vwc(x, *, axis=None, ddof=0, keepdims=False):
     return ans, chain
 
 # %% ../nbs/03a_primitives.ipynb #dce5ca50
-@defvwc(np.reshape, unary=True, keeps={}, group='shape and indexing', domain='reshape')
+@defvwc(np.reshape, unary=True, group='shape and indexing', domain='reshape')
 def reshape_vwc(x, *, shape, order='C'):
     "A new shape: the cotangent reshaped back, in the same order."
     old = np.shape(x)                                 # the cotangent goes back in the same order it came
     return np.reshape(x, shape, order=order), lambda g: np.reshape(g, old, order=order)
 
-@defvwc(np.transpose, unary=True, keeps={}, group='shape and indexing', domain='transpose')
+@defvwc(np.transpose, unary=True, group='shape and indexing', domain='transpose')
 def transpose_vwc(x, *, axes=None):
     "Axes permuted: the cotangent permuted back by the inverse permutation."
     inverse = None if axes is None else tuple(int(i) for i in np.argsort([a % np.ndim(x) for a in axes]))
     return np.transpose(x, axes), lambda g: np.transpose(g, inverse)
 
-@defvwc(np.swapaxes, unary=True, keeps={}, group='shape and indexing', domain='two_axes')
+@defvwc(np.swapaxes, unary=True, group='shape and indexing', domain='two_axes')
 def swapaxes_vwc(x, *, axis1, axis2):
     "Two axes swapped: the cotangent swapped back."
     return np.swapaxes(x, axis1, axis2), lambda g: np.swapaxes(g, axis1, axis2)
 
 # %% ../nbs/03a_primitives.ipynb #p3a067
-@defvwc(np.squeeze, unary=True, keeps={}, group='shape and indexing', domain='squeeze')
+@defvwc(np.squeeze, unary=True, group='shape and indexing', domain='squeeze')
 def squeeze_vwc(x, *, axis=None):
     "Size-1 axes removed: the cotangent reshaped back."
     old = np.shape(x)
     return np.squeeze(x, axis=axis), lambda g: np.reshape(g, old)
 
-@defvwc(np.expand_dims, unary=True, keeps={}, group='shape and indexing', domain='expand')
+@defvwc(np.expand_dims, unary=True, group='shape and indexing', domain='expand')
 def expand_dims_vwc(x, *, axis):
     "A size-1 axis inserted: the cotangent reshaped back."
     old = np.shape(x)
     return np.expand_dims(x, axis), lambda g: np.reshape(g, old)
 
-@defvwc(np.ravel, unary=True, keeps={}, group='shape and indexing', domain='order')
+@defvwc(np.ravel, unary=True, group='shape and indexing', domain='order')
 def ravel_vwc(x, *, order='C'):
     "Flattened: the cotangent reshaped back, in the same order."
     old = np.shape(x)
     return np.ravel(x, order=order), lambda g: np.reshape(g, old, order=order)
 
-@defvwc(np.broadcast_to, unary=True, keeps={}, group='shape and indexing', domain='broadcast')
+@defvwc(np.broadcast_to, unary=True, group='shape and indexing', domain='broadcast')
 def broadcast_to_vwc(x, *, shape):
     "Broadcast to `shape`: the cotangent summed back down to x's shape."
     old = np.shape(x)
@@ -746,7 +725,7 @@ def stack_vwc(*xs, axis=0):
     return np.stack(xs, axis=axis), tuple(chain(i) for i in range(len(xs)))
 
 # %% ../nbs/03a_primitives.ipynb #5d8be29c
-@defvwc(np.where, keeps=dict(x='cond', y='cond'), group='elementwise', domain='where')
+@defvwc(np.where, group='elementwise', domain='where')
 def where_vwc(cond, x, y):
     "Elementwise choice by `cond`: g goes to x where cond holds, to y elsewhere; none to cond."
     cond = as_mask(cond, like=x if hasattr(x, 'shape') else y)   # np.where treats any nonzero as True; so must ~cond

@@ -457,14 +457,16 @@ def test_max_pool_sends_an_infinite_cotangent_to_the_winner_only():
 
 
 def test_the_cnn_rules_give_a_domain_and_leave_what_they_read_to_their_closures():
-    "Each of the 7 rules names where its property tests draw (`domain=`); none declares `keeps=`: the engine looks into its chains."
-    from fastad import cnn
+    "Each of the 7 rules names where its property tests draw (`domain=`); what a chain reads, `fastad.locks` finds in its closure."
+    from fastad import cnn, locks
     rules = {p.name + ('' if p is not cnn._conv else ' (bias-free)'): p for p in
              (conv2d, cnn._conv, cnn._conv_dx, cnn._conv_dfilter, max_pool2d, cnn._pool_scatter, cnn._pool_gather,
               fd.softmax_cross_entropy)}
-    assert len(rules) == 8 and all(p.keeps is None and p.kept is None for p in rules.values())
-    assert {p.domain.split(':')[0] for p in rules.values()} == {'conv', 'pool', 'logits'}
-    x, f, logits, labels = np.random.rand(1, 4, 4, 2), np.random.rand(2, 2, 2, 3), np.random.rand(2, 3), np.array([0, 2])
+    assert len(rules) == 8 and {p.domain.split(':')[0] for p in rules.values()} == {'conv', 'pool', 'logits'}
+    x, f = np.random.rand(1, 4, 4, 2), np.random.rand(2, 2, 2, 3)
+    _, (dx, df) = cnn._conv_vwc(x, f, strides=(1, 1), amounts=((0, 0), (0, 0)))
+    assert locks.keeps(dx, f) and locks.keeps(df, x)            # each input's chain reads the other input
+    logits, labels = np.random.rand(2, 3), np.array([0, 2])
     _, pb = fd.value_with_pullback(lambda x, f: conv2d(x, f).sum(), x, f)
     assert not x.flags.writeable and not f.flags.writeable      # each chain reads the other input: both locked
     del pb

@@ -153,3 +153,15 @@ def test_no_per_thread_memo_in_custom_chains():
     (_, pullback), = t.tape[z.idx][1]
     cells = [c.cell_contents for c in pullback.__closure__ or ()]
     assert not any(isinstance(c, threading.local) for c in cells)
+
+
+def test_what_a_chain_reads_is_found_in_its_closure_never_declared():
+    "One way to know what a chain keeps: the closure. No `keeps=` on `defvwc` or `Primitive`, no `kept` on a rule."
+    import inspect
+    from fastad import primitives as P, locks
+    assert 'keeps' not in inspect.signature(P.defvwc).parameters and 'keeps' not in inspect.signature(P.Primitive).parameters
+    assert not any(hasattr(row.primitive, 'kept') or hasattr(row.primitive, 'keeps') for row in P.REGISTRY.values())
+    x, y = np.ones(2), np.full(2, 3.)
+    _, (dx, dy) = P.multiply_vwc(x, y)
+    assert (locks.keeps(dx, y), locks.keeps(dx, x), locks.keeps(dy, x)) == (True, False, True)
+    assert not any(locks.keeps(c, a) for c in P.add_vwc(x, y)[1] for a in (x, y))
