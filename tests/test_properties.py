@@ -884,6 +884,38 @@ spec("np.full_like", ["numpy.full_like"], lambda a, f: np.full_like(a, f),
      lambda data: (lambda shape: ([values(data, shape), values(data, data.draw(broadcastable_shapes(shape, max_dims=len(shape), min_side=0).filter(lambda f: np.broadcast_shapes(f, shape) == shape)))], {}))(data.draw(shape_st())),
      note='a traced fill value that broadcasts into `a`\'s shape (a side of 0 fills no side of 1); `a` gives only the shape, so its gradient is zero')
 spec("np.copy", ["numpy.copy"], np.copy, one())
+
+def _like_then_written(make):
+    "`make(x)` (np.zeros_like and its kin) of a traced x: a constant of x's recording, which then records a write into it."
+    def fn(x):
+        y = make(x)
+        if make is np.empty_like: y[...] = 0.0          # its values are whatever the memory held: written over first
+        y[..., :1] = x[..., :1] * 2.0                  # recorded into the new array
+        return y * x + y
+    return fn
+for f in P.groups()['building arrays']:            # the *_like rows of the registry; full_like has its spec above
+    if f.__name__.endswith('_like') and f is not np.full_like:
+        spec(f"np.{f.__name__}", [f"numpy.{f.__name__}"], _like_then_written(f), one(min_dims=1),
+             note='x gives the shape; the new array is a constant until a traced value is written into it')
+
+def _at(ufunc):
+    "`ufunc.at(y, index, v)` (np.add.at, np.subtract.at) into a traced copy y of a: repeated indices accumulate."
+    def fn(a, v, index):
+        y = a * 1.0
+        ufunc.at(y, index, v)                         # Traced.ufunc_at: y += scatter_add(±v, index)
+        return y * a
+    return fn
+def at_draw(data):
+    shape = data.draw(shape_st(min_dims=1, empty=False))
+    index = np.array(data.draw(st.lists(st.integers(-shape[0], shape[0] - 1), max_size=5)), dtype=np.intp)
+    if data.draw(st.booleans()) and len(shape) > 1: index = (index, slice(None))
+    vshape = np.zeros(shape)[index].shape
+    if data.draw(st.booleans()): vshape = vshape[data.draw(st.integers(0, len(vshape))):]   # v broadcasts into y[index]
+    return [values(data, shape), values(data, vshape)], dict(index=index)
+for ufunc in (np.add, np.subtract):
+    spec(f"np.{ufunc.__name__}.at", ["Traced.ufunc_at"], _at(ufunc), at_draw, exact=False,
+         note='an int array on the first axis with repeats and negatives (also with a slice after it); v broadcast too; '
+              'the repeats are summed before they are added (another order of the same sum)')
 spec("x.conj", ["Traced.conj", "Traced.conjugate"], lambda x: x.conj() * x.conjugate(), elementwise('real'),
      host_only=True, note='real values are their own conjugates; NumPy backend only: strict arrays have no .conj()')
 
@@ -994,8 +1026,8 @@ def test_every_entry_point_has_a_spec():
     missing = sorted(entry_points() - covered)
     assert not missing, f"no property spec for: {', '.join(missing)} (add one to SPECS in {__file__})"
 
-# rules made in these modules wait for a domain; each named here until its module gives one (the engine's two)
-AWAITING_DOMAIN = {'astype', 'setitem'}
+# rules that wait for a domain, each named here until its module gives one (none now: every rule has one)
+AWAITING_DOMAIN = set()
 
 def test_every_rule_has_a_domain_its_tests_draw_from():
     "A rule without a domain, or with a drawer or value kind the tests lack, is named here."
