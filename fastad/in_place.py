@@ -189,14 +189,14 @@ def _set_key(index, xp):
             raise DifferentiationError("x[key] = v: the key is a traced array, and a position has no derivative: "
                                        "use x[without_derivative(key)] = v")
         if isinstance(k, list) or getattr(k, 'ndim', 0):
-            k = P._module_under(k).array(k) if hasattr(k, 'dtype') else xp.asarray(k, dtype=None if k else np.intp)
+            k = P.array_module_under(k).array(k) if hasattr(k, 'dtype') else xp.asarray(k, dtype=None if k else np.intp)
             if k.dtype.kind in 'iu': advanced = True  # integer indices may repeat: which write survives matters
         key.append(k)
     return tuple(key), advanced
 
 def _survivors(y, key):
     "Where `y[key] = v` writes one place more than once, the writes that NumPy keeps (True), found by writing their numbers."
-    xp = P._module_under(y)
+    xp = P.array_module_under(y)
     shape = np.shape(y[key])
     numbers = xp.arange(int(np.prod(shape)), dtype=np.intp).reshape(shape)
     written = xp.full(np.shape(y), -1, dtype=np.intp)
@@ -255,7 +255,7 @@ def setitem(self, index, value):
 
 def _write(x, index, value):
     "`x[index] = value`, recorded: the new traced value x becomes (NumPy's rule for repeated indices)."
-    key, advanced = _set_key(index, P._module_under(x))
+    key, advanced = _set_key(index, P.array_module_under(x))
     return apply(_SETITEM, (x, value), dict(index=key, survivors=_survivors(unbox(x), key) if advanced else None))
 
 Traced.__setitem__ = setitem
@@ -275,7 +275,7 @@ def ufunc_at(ufunc, a, indices, b=None):
         raise DifferentiationError(f"{name}: the indices are traced, and a position has no derivative: "
                                    f"use without_derivative(idx)")
     if not a._recording.active: raise used_after_its_transform()
-    key, _ = _set_key(indices, P._module_under(a))
+    key, _ = _set_key(indices, P.array_module_under(a))
     target = unbox(a)
     v = np.broadcast_to(b, np.shape(target[key])) if np.shape(b) != np.shape(target[key]) else b
     added = P.scatter_add(v if ufunc is np.add else -v, index=key, like=target)
