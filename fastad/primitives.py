@@ -8,10 +8,11 @@ __all__ = ['Entry', 'CONTEXT_RULES', 'REGISTRY', 'scatter_add', 'relu', 'logsume
            'subtract_vwc', 'multiply_vwc', 'divide_vwc', 'power_vwc', 'remainder_vwc', 'negative_vwc', 'positive_vwc',
            'as_mask', 'select_where', 'half_like', 'shared_chains', 'maximum_vwc', 'minimum_vwc', 'exp_vwc', 'log_vwc',
            'sin_vwc', 'cos_vwc', 'tan_vwc', 'tanh_vwc', 'sqrt_vwc', 'square_vwc', 'abs_vwc', 'expm1_vwc', 'log1p_vwc',
-           'array_module_under', 'matmul_vwc', 'dot_vwc', 'einsum_vwc', 'axes_of', 'expand_reduced', 'sum_vwc',
-           'mean_vwc', 'max_vwc', 'min_vwc', 'var_vwc', 'std_vwc', 'reshape_vwc', 'transpose_vwc', 'swapaxes_vwc',
-           'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc', 'scatter_add_vwc', 'getitem_vwc',
-           'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc', 'logsumexp_vwc', 'log_softmax_vwc']
+           'array_module_under', 'matmul_vwc', 'dot_vwc', 'einsum_subscripts', 'einsum_vwc', 'axes_of',
+           'expand_reduced', 'sum_vwc', 'mean_vwc', 'max_vwc', 'min_vwc', 'var_vwc', 'std_vwc', 'reshape_vwc',
+           'transpose_vwc', 'swapaxes_vwc', 'squeeze_vwc', 'expand_dims_vwc', 'ravel_vwc', 'broadcast_to_vwc',
+           'scatter_add_vwc', 'getitem_vwc', 'concatenate_vwc', 'stack_vwc', 'where_vwc', 'clip_vwc', 'relu_vwc',
+           'logsumexp_vwc', 'log_softmax_vwc']
 
 # %% ../nbs/03a_primitives.ipynb #9aad28b4
 import operator
@@ -393,7 +394,7 @@ def dot_vwc(x, y):
 # %% ../nbs/03a_primitives.ipynb #a6e272fd
 import functools
 
-def _einsum_subscripts(subscripts, shapes):
+def einsum_subscripts(subscripts, shapes):
     "Explicit `(inputs, output)` subscripts for `einsum`: ellipses spelled out with spare letters, the output named."
     ins, arrow, out = subscripts.replace(' ', '').partition('->')
     ins = ins.split(',')
@@ -404,11 +405,12 @@ def _einsum_subscripts(subscripts, shapes):
     if arrow: return ins, out.replace('...', ell)
     letters = ''.join(ins)                             # implicit output: the letters used once, sorted
     return ins, ell + ''.join(sorted(c for c in set(letters) - set(ell) if letters.count(c) == 1))
+_einsum_subscripts = einsum_subscripts   # the name fastad.dispatch uses
 
 @functools.lru_cache(maxsize=512)
 def _einsum_spec(subscripts, shapes):
-    "`_einsum_subscripts`, remembered (a training step asks the same each time): the inputs' letters as a tuple, the output's."
-    ins, out = _einsum_subscripts(subscripts, shapes)
+    "`einsum_subscripts`, remembered (a training step asks the same each time): the inputs' letters as a tuple, the output's."
+    ins, out = einsum_subscripts(subscripts, shapes)
     return tuple(ins), out
 
 # %% ../nbs/03a_primitives.ipynb #p3a033

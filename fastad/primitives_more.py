@@ -9,7 +9,7 @@ __all__ = ['norm2', 'diagonal_scatter', 'window_sum', 'put_along_axis', 'log2_vw
            'arctan2_vwc', 'hypot_vwc', 'logaddexp_vwc', 'logaddexp2_vwc', 'fmax_vwc', 'fmin_vwc', 'float_power_vwc',
            'fmod_vwc', 'copysign_vwc', 'heaviside_vwc', 'prod_vwc', 'cumsum_vwc', 'cumprod_vwc', 'norm2_vwc',
            'flip_vwc', 'roll_vwc', 'triu_vwc', 'tril_vwc', 'diagonal_vwc', 'diagonal_scatter_vwc', 'pad_constant_vwc',
-           'sliding_window_view_vwc', 'window_sum_vwc', 'put_along_axis_vwc']
+           'sliding_window_view_vwc', 'window_sum_vwc', 'put_along_axis_vwc', 'along_axis_index']
 
 # %% ../nbs/03a1_more_primitives.ipynb #br7bc3ca
 import math
@@ -355,7 +355,7 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
     """`np.put_along_axis` as a new array: `arr` with `values` written at `indices` along `axis`. The
     overwritten elements of `arr` get no cotangent; each value that stays gets the cotangent of its place."""
     xp, shape, vshape = array_module_under(arr), np.shape(arr), np.shape(values)
-    index = _along_axis_index(xp, shape, indices, axis)   # the writes: `indices` along `axis`, each place along the others
+    index = along_axis_index(xp, shape, indices, axis)   # the writes: `indices` along `axis`, each place along the others
     grid = np.broadcast_shapes(*(np.shape(i) for i in index))
     ids = xp.arange(math.prod(grid)).reshape(grid)    # the writes, numbered in the order NumPy makes them
     writer = xp.full(shape, -1)                       # which write ends up in each place: the last one made there
@@ -371,12 +371,14 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
     written = xp.broadcast_to(xp.asarray(values), grid).reshape(-1)[xp.maximum(writer, 0)]     # each place's last write
     return xp.where(writer >= 0, written, arr).astype(np.result_type(arr), copy=False), chains
 
-def _along_axis_index(xp, shape, indices, axis, name='fastad.put_along_axis'):
+def along_axis_index(xp, shape, indices, axis, name='fastad.put_along_axis'):
     "The index `np.put_along_axis(a, indices, v, axis)` writes through (and `take_along_axis` reads), for `a` of `shape`."
     nd = len(shape)
     if not -nd <= axis < nd: raise ShapeError(f"{name}: axis {axis} is out of range for an array of {nd} dimensions")
     if np.ndim(indices) != nd:
         raise ShapeError(f"{name}: `indices` must have as many dimensions as the array ({nd}), not {np.ndim(indices)}")
     return tuple(indices if d == axis % nd else xp.arange(n).reshape((1,) * d + (n,) + (1,) * (nd - d - 1)) for d, n in enumerate(shape))
+
+_along_axis_index = along_axis_index     # the name fastad.dispatch uses
 
 put_along_axis = put_along_axis_vwc.primitive

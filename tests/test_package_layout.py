@@ -87,6 +87,9 @@ def test_modules_import_only_public_names_of_each_other():
     assert tree._fields_of is tree.fields_of and tree._is_traced is tree.is_traced_value
     assert layers._positive is layers.positive_number and primitives._module_under is primitives.array_module_under
     assert primitives.Entry is primitives.Row and repr(primitives.REGISTRY[np.sin]) == "Row(sin: primitive='sin')"
+    from fastad import primitives_more
+    assert primitives._einsum_subscripts is primitives.einsum_subscripts          # helpers dispatch reads: public now
+    assert primitives_more._along_axis_index is primitives_more.along_axis_index
 
 
 def test_the_whole_number_check_is_one_helper():
