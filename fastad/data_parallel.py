@@ -6,9 +6,9 @@
 __all__ = ['all_reduce_mean', 'shards', 'dask_value_with_gradient']
 
 # %% ../nbs/03l_data_parallel.ipynb #d03l0004
-import numbers
+import math, numbers
 import numpy as np
-from .errors import ArgumentError, MissingExtraError, ShapeError
+from .errors import ArgumentError, DifferentiationError, MissingExtraError, ShapeError
 from .tree import flatten, leaves_like, map_structure
 
 # %% ../nbs/03l_data_parallel.ipynb #d03l0007
@@ -19,15 +19,18 @@ def all_reduce_mean(trees, weights=None):
     trees = list(trees) if isinstance(trees, (list, tuple)) else None
     if not trees: raise ArgumentError("all_reduce_mean: trees must be a non-empty list of gradients (one per shard)")
     weights = [1] * len(trees) if weights is None else list(weights)
-    if len(weights) != len(trees) or not all(isinstance(w, numbers.Real) and not isinstance(w, bool) and w >= 0 for w in weights) \
-            or sum(weights) <= 0:
-        raise ArgumentError(f"all_reduce_mean: weights must be one non-negative number per tree ({len(trees)}), not all 0; "
+    if len(weights) != len(trees) or not all(isinstance(w, numbers.Real) and not isinstance(w, bool) and 0 <= w < math.inf
+                                             for w in weights) or sum(weights) <= 0:
+        raise ArgumentError(f"all_reduce_mean: weights must be one finite non-negative number per tree ({len(trees)}), not all 0; "
                             f"got {weights!r}")
     first, rebuild = flatten(trees[0], where='all_reduce_mean: trees[0]', static_ok=True)
     total = float(sum(weights))
     summed = [leaf * (weights[0] / total) for leaf in first]
     for i, tree in enumerate(trees[1:], 1):
-        leaves = leaves_like(trees[0], tree, f'all_reduce_mean: trees[{i}]')
+        try: leaves = leaves_like(trees[0], tree, f'trees[{i}]')
+        except DifferentiationError as e:
+            raise ShapeError(f"all_reduce_mean: {str(e).split(', but it should be shaped like the value it belongs to: ')[0]}, "
+                             f"but trees[0] is {str(e).rsplit(': ', 1)[-1]}: every shard's gradient must be of the same model") from None
         for k, (leaf, mine) in enumerate(zip(leaves, first)):
             if np.shape(leaf) != np.shape(mine):
                 raise ShapeError(f"all_reduce_mean: leaf {k} of trees[{i}] has shape {np.shape(leaf)}, but {np.shape(mine)} "
@@ -77,8 +80,11 @@ def dask_value_with_gradient(client, f, model, batch, workers=None):
     workers = sorted(client.scheduler_info()['workers']) if workers is None else list(workers)
     if not workers: raise ArgumentError("dask_value_with_gradient: the cluster has no workers yet (client.wait_for_workers(n))")
     [sent] = client.scatter([model], broadcast=True, hash=False)
+    try: parts = shards(batch, len(workers))
+    except (ArgumentError, ShapeError) as e:
+        raise type(e)(f"dask_value_with_gradient: one shard per worker: {str(e).split(': ', 1)[1]}; pass fewer workers=") from None
     futures = [client.submit(_shard_value_with_gradient, f, sent, shard, workers=[w], allow_other_workers=False, pure=False)
-               for shard, w in zip(shards(batch, len(workers)), workers)]
+               for shard, w in zip(parts, workers)]
     results = client.gather(futures)
     rows = [r for _, _, r in results]
     value = sum(v * r for v, _, r in results) / sum(rows)

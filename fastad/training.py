@@ -237,7 +237,9 @@ def _read(path):
         with f: arrays = {k: f[k] for k in f.files}
     except FileNotFoundError: raise
     except (ValueError, OSError, EOFError, AttributeError, zipfile.BadZipFile) as e:
-        raise refused(f"cannot be read ({e})") from None
+        why = ("it is no .npz file: NumPy could read it only as a pickle, which fastad never loads (a pickle can run "
+               "code)") if 'allow_pickle' in str(e) else e                           # not NumPy's hint to allow pickles
+        raise refused(f"cannot be read ({why})") from None
     text = arrays.pop('structure', None)
     if text is None or text.dtype.kind != 'U' or text.ndim != 0: raise refused("has no description of its structure")
     try:
@@ -246,6 +248,7 @@ def _read(path):
         found = {}
         _leaf_entries(description.get('model'), found)
     except ValueError as e: raise refused(f"has a description fastad cannot read ({e})") from None
+    except RecursionError: raise refused("has a description nested too deeply to read") from None
     if set(arrays) != {f'leaf_{i}' for i in found}:
         raise refused(f"holds the arrays {sorted(arrays)}, but its description names {sorted(f'leaf_{i}' for i in found)}")
     for i, (shape, dtype) in found.items():
@@ -258,6 +261,9 @@ def _read(path):
 # %% ../nbs/03j_training_kit.ipynb #a03j001b
 def _shown(d): return json.dumps(d, sort_keys=True)
 def _what(d): return next((k for k in ('leaf', 'fields', 'dict', 'tuple', 'list', 'same_as', 'static') if k in d), 'nothing')
+def _unsaved(value, d):
+    "A setting that like= keeps, not compared: a random generator (or None for one), which the file only names."
+    return 'static' in d and any(isinstance(s, dict) and 'object' in s for s in (d['static'], _static(value)))
 
 def _loaded(x, d, arrays, where, memo, static=False):
     "`x` rebuilt with the file's arrays, after checking description `d` of the file against it (a DataError names what differs)."
@@ -282,7 +288,7 @@ def _loaded(x, d, arrays, where, memo, static=False):
         if d.get('type') != cls: raise differs(f"is a {d.get('type') or _what(d)} in the file, but a {cls} in like=")
         if set(d['fields']) != set(fields.names):
             raise differs(f"has the fields {sorted(d['fields'])} in the file, but {sorted(fields.names)} in like=")
-        values = [getattr(x, n) if n == 'training' and not differentiable       # a mode, like='s: not the structure
+        values = [getattr(x, n) if not differentiable and (n == 'training' or _unsaved(getattr(x, n), d['fields'][n]))
                   else _loaded(getattr(x, n), d['fields'][n], arrays, f"{where}.{n}", memo, static=not differentiable)
                   for n, differentiable in fields.differentiable]
         new = fields.build(x, values)

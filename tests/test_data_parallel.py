@@ -39,7 +39,15 @@ def test_all_reduce_mean_on_lists_and_dicts_and_its_refusals():
     np.testing.assert_allclose(out[0], [2.5, 3.5]); assert out[1]['b'] == 4.5
     with pytest.raises(ShapeError, match='same model'): fd.all_reduce_mean([[np.ones(2)], [np.ones(3)]])
     with pytest.raises(ArgumentError, match='non-empty'): fd.all_reduce_mean([])
-    with pytest.raises(ArgumentError, match='one non-negative number per tree'): fd.all_reduce_mean([[1.0], [2.0]], weights=[1, -1])
+    with pytest.raises(ArgumentError, match='one finite non-negative number per tree'): fd.all_reduce_mean([[1.0], [2.0]], weights=[1, -1])
+
+def test_all_reduce_mean_names_itself_for_trees_of_other_structures_and_refuses_infinite_weights():
+    "Was a DifferentiationError saying the tree 'should be shaped like the value it belongs to'; weights=[1, inf] gave NaN."
+    with pytest.raises(ShapeError, match=r"all_reduce_mean: trees\[1\] is a dict, but trees\[0\] is a list"):
+        fd.all_reduce_mean([[np.ones(2)], {'a': np.ones(2)}])
+    with pytest.raises(ShapeError, match=r"all_reduce_mean: trees\[1\] is a list of 2 items, but trees\[0\] is a list of 1"):
+        fd.all_reduce_mean([[np.ones(2)], [np.ones(2), np.ones(1)]])
+    with pytest.raises(ArgumentError, match='finite'): fd.all_reduce_mean([[1.0], [2.0]], weights=[1, np.inf])
 
 def test_shards_cut_like_array_split_and_refuse_ragged_batches():
     x, y = data(10)
@@ -70,6 +78,8 @@ def test_data_parallel_step_on_a_local_cluster_equals_the_one_process_step():
             v2, g2 = fd.dask_value_with_gradient(client, loss, models[1], (x, y))
             for opt, m, g in zip(opts, models, (g1, g2)): opt.update(m, g)
             np.testing.assert_allclose(v2, float(v1), rtol=1e-6)
+        with pytest.raises(ArgumentError, match="dask_value_with_gradient: one shard per worker: 2 shards of a batch of 1 rows"):
+            fd.dask_value_with_gradient(client, loss, models[1], (x[:1], y[:1]))      # more workers than rows
     for a, b in zip(fd.tree.flatten(models[0])[0], fd.tree.flatten(models[1])[0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -83,7 +93,7 @@ def test_hand_over_to_torch_and_jax_and_back_shares_memory_where_it_can():
     assert all(b.ctypes.data == a.ctypes.data for b, a in zip(fd.tree.flatten(back)[0], leaves))
     x, y = data()
     assert float(loss(back, x, y)) == float(loss(m, x, y))
-    for a in leaves:
-        j = jax.dlpack.from_dlpack(a)
-        assert (j.unsafe_buffer_pointer() == a.ctypes.data) == (a.ctypes.data % 64 == 0)   # XLA copies unaligned buffers
-        np.testing.assert_array_equal(np.asarray(j), a)
+    from_jax = rebuild([np.asarray(jax.dlpack.from_dlpack(a)) for a in leaves])   # whether JAX copies is jaxlib's choice
+    for a, b in zip(fd.tree.flatten(from_jax)[0], leaves):
+        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+    assert float(loss(from_jax, x, y)) == float(loss(m, x, y))
