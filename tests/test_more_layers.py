@@ -172,3 +172,30 @@ def test_on_a_device_backend_the_mask_and_the_indices_go_where_the_arrays_are():
             with pytest.raises(ArgumentError, match=f"Embedding: indices holds index {bad}"): table(asarray(np.array([bad])))
         norm = fd.LayerNorm(3)
         assert array_module(norm(asarray(np.arange(6.).reshape(2, 3)))) is strict
+
+
+# --- against PyTorch itself (skipped where it is not installed) -----------------------------------------------
+@pytest.mark.parametrize('features', [5, (3, 5)])
+def test_layer_norm_and_its_gradients_are_torchs(features):
+    torch = pytest.importorskip('torch')
+    rng = np.random.default_rng(8)
+    shape = (features,) if isinstance(features, int) else features
+    x, w, b = rng.normal(size=(4,) + shape), rng.normal(size=shape), rng.normal(size=shape)
+    upstream = rng.normal(size=(4,) + shape)
+    xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    yt = torch.nn.functional.layer_norm(xt, shape, wt, bt, eps=1e-5)
+    (yt * torch.tensor(upstream)).sum().backward()
+    f = lambda norm, x: (norm(x) * upstream).sum()
+    norm = fd.LayerNorm(weight=w, bias=b)
+    close(norm(x), yt.detach().numpy(), 1e-12)
+    g_norm, g_x = fd.gradient(lambda n: f(n, x), norm), fd.gradient(lambda x: f(norm, x), x)
+    close(g_norm.weight, wt.grad.numpy(), 1e-12); close(g_norm.bias, bt.grad.numpy(), 1e-12); close(g_x, xt.grad.numpy(), 1e-12)
+
+def test_embedding_gradient_with_repeated_indices_is_torchs():
+    torch = pytest.importorskip('torch')
+    rng = np.random.default_rng(9)
+    weight, ids, upstream = rng.normal(size=(6, 3)), np.array([[1, 4, 1], [1, 0, 4]]), rng.normal(size=(2, 3, 3))
+    table_t = torch.nn.Embedding.from_pretrained(torch.tensor(weight), freeze=False)
+    (table_t(torch.tensor(ids)) * torch.tensor(upstream)).sum().backward()
+    g = fd.gradient(lambda t: (t(ids) * upstream).sum(), fd.Embedding(weight=weight))
+    close(g.weight, table_t.weight.grad.numpy(), 1e-12)

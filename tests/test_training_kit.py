@@ -368,8 +368,10 @@ def test_each_pass_draws_a_new_order_and_no_shuffle_keeps_the_order():
     fd.backend.manual_seed(4); b = [list(b) for b in fd.batches(Y, 4)]
     assert a == b
 
-def test_batches_of_dicts_and_lists_and_a_progress_bar():
+def test_batches_of_dicts_and_lists_and_a_progress_bar(monkeypatch, capsys):
+    monkeypatch.setenv('FASTAD_PROGRESS', '1')                  # quiet under tests unless asked for
     out = list(fd.batches({'x': X, 'y': [Y, Y * 2]}, 6, shuffle=False, progress=True))
+    assert 'batches' in capsys.readouterr().err                 # the bar was drawn, named
     assert list(out[0]) == ['x', 'y'] and isinstance(out[0]['y'], list) and (out[1]['y'][1] == [12, 14, 16, 18, 20]).all()
 
 def test_batches_refusals():
@@ -430,3 +432,34 @@ def test_a_schedule_runs_under_jit_as_eagerly(schedule):
         assert abs(traced_opt.learning_rate - eager_opt.learning_rate) <= 1e-15
     for p, q in zip(fd.tree.flatten(eager)[0], fd.tree.flatten(traced)[0]): np.testing.assert_allclose(q, p, rtol=1e-12, atol=1e-15)
     assert len(fast.programs) == 1
+
+
+# --- against PyTorch itself (skipped where it is not installed) -----------------------------------------------
+def test_adamw_over_steps_is_torch_optim_adamw():
+    torch = pytest.importorskip('torch')
+    rng = np.random.default_rng(4)
+    start, grads = rng.normal(size=(3, 2)), [rng.normal(size=(3, 2)) * 10 ** (k % 3 - 1) for k in range(12)]
+    p = torch.tensor(start, requires_grad=True)
+    opt_t = torch.optim.AdamW([p], lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.3)
+    m = W(start.copy()); opt = fd.AdamW(m, 0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.3)
+    for g in grads:
+        p.grad = torch.tensor(g); opt_t.step()
+        opt.update(m, W(g))
+    close(m.w, p.detach().numpy(), 1e-12)
+
+@pytest.mark.parametrize('grads, max_norm', [
+    ([np.array([3.0, -4.0]), np.array([[12.0]])], 1.0),        # clipped: norm 13
+    ([np.array([0.1, 0.2]), np.array([[0.2]])], 1.0),          # within the limit
+    ([np.zeros(2), np.zeros((1, 1))], 1.0),                    # a zero norm
+    ([np.array([3.0, -4.0]), np.array([[12.0]])], math.inf),   # no limit
+    ([np.array([np.inf, 1.0]), np.array([[2.0]])], 1.0)])      # an infinite norm: NaN and zeros
+def test_clipping_is_torchs_clip_grad_norm(grads, max_norm):
+    torch = pytest.importorskip('torch')
+    params = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True) for g in grads]
+    for p, g in zip(params, grads): p.grad = torch.tensor(g)
+    with np.errstate(invalid='ignore'):
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        ours = fd.clip_by_global_norm(grads, max_norm)
+        assert fd.global_norm(grads) == norm.item() or (np.isinf(norm.item()) and np.isinf(fd.global_norm(grads)))
+    for o, p in zip(ours, params):                          # PyTorch adds 1e-6 to the norm; we don't
+        np.testing.assert_allclose(o, p.grad.numpy(), rtol=1e-6, atol=1e-12, equal_nan=True)
