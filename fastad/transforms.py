@@ -15,7 +15,7 @@ from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES, defvwc
 from . import engine
 from .engine import Recording, Traced, apply, backward, unbox
-from .locks import release, lock_arguments, release_when_dropped, saved_array_written
+from .locks import release, lock_arguments, release_when_dropped, saved_array_written, argument_prints, check_unwritten
 from .logs_and_collector import collector_tuned_for_tapes
 from .errors import DifferentiationError, NonScalarOutputError, name_of
 from .trampoline import trampoline_code, labelled_like
@@ -119,8 +119,9 @@ def _release_when_dropped(pullback, recording):
 
 # %% ../nbs/03d_transforms.ipynb #edc2sp02
 def _recorded(f, args, once, depth):
-    """Record `f(*args)`, with the collector already tuned by the caller: `(recording, primals, rebuild, out, mine, value)`,
-    `mine` being the result's leaves traced on `recording` (None for the others). With `once` the value shares the tape's
+    """Record `f(*args)`, with the collector already tuned by the caller: `(recording, primals, rebuild, out, mine, value,
+    prints)`, `mine` being the result's leaves traced on `recording` (None for the others), `prints` those of the device
+    arguments (None on NumPy), for `check_unwritten` once a backward pass has run. With `once` the value shares the tape's
     arrays (nobody else holds them); else it gets read-only views. `depth`: the user's frame, for the warning."""
     if not callable(f): raise DifferentiationError(f"value_with_pullback: f must be callable, not {type_description(f)}")
     if not args: raise DifferentiationError(f"value_with_pullback: no arguments given to differentiate {name_of(f)} at")
@@ -129,9 +130,10 @@ def _recorded(f, args, once, depth):
         if isinstance(p, np.matrix): raise _matrix(f"value_with_pullback of {name_of(f)}: argument {i}")
     recording = Recording()
     recording.locks = {}                              # lock the user's arrays that chains keep (the engine's `lock`)
-    lock_arguments(recording, primals)         # and the arguments: `np.sin(x)`'s chain reads x
+    devices = lock_arguments(recording, primals)      # and the arguments: `np.sin(x)`'s chain reads x
     recorded = False
     try:
+        prints = None if devices is None else argument_prints(primals, devices)   # no flag to lock: their bits summed
         out = f(*rebuild([recording.new_input(p) for p in primals]))
         recorded = True
     except ValueError as e:                           # a write into an array the backward pass reads
@@ -150,7 +152,7 @@ def _recorded(f, args, once, depth):
         warnings.warn(f"{name_of(f)}: the result does not depend on the differentiated arguments, so their "
                       f"derivative is always zero; if that is intended, say so with without_derivative",
                       ZeroDerivativeWarning, stacklevel=depth)
-    return recording, primals, rebuild, out, mine, value
+    return recording, primals, rebuild, out, mine, value, prints
 
 # %% ../nbs/03d_transforms.ipynb #e7155a4f
 def _gradients(cts, primals, rebuild, seeds, n):
@@ -163,7 +165,7 @@ def _gradients(cts, primals, rebuild, seeds, n):
 def value_with_pullback_core(f, args, once=False):
     "`value_with_pullback`; with `once=True` the pullback may run only once, and frees each tape entry as it goes."
     with collector_tuned_for_tapes():                 # see the engine: the collector would walk the growing tape
-        recording, primals, rebuild, out, mine, value = _recorded(f, args, once, depth=5)
+        recording, primals, rebuild, out, mine, value, prints = _recorded(f, args, once, depth=5)
 
     def pullback(cotangent):
         cts = leaves_like(out, cotangent, f"pullback of {name_of(f)}: the cotangent")   # matched by key, not position
@@ -180,6 +182,7 @@ def value_with_pullback_core(f, args, once=False):
             with collector_tuned_for_tapes(): cts = backward(recording, seeds, consume=once) if seeds else [None] * len(primals)
         finally:
             if once: release(recording)         # the tape is gone: the user's arrays are theirs again
+        if prints: check_unwritten(f"pullback of {name_of(f)}", prints, len(primals))   # a device argument written since?
         return _gradients(cts, primals, rebuild, seeds, len(args))
     _release_when_dropped(pullback, recording)
     return value, pullback
@@ -211,12 +214,13 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
     if has_aux: return _with_aux(f, args, argnums)
     f, args, shaped = with_argnums('value_with_gradient', f, args, argnums)
     with collector_tuned_for_tapes():                 # one pause over both passes: no full collection in between
-        recording, primals, rebuild, out, mine, value = _recorded(f, args, once=True, depth=4)
+        recording, primals, rebuild, out, mine, value, prints = _recorded(f, args, once=True, depth=4)
         try:                                          # the pullback's steps for the one seed; nobody else sees this
             seed, o = _seed(value, f), mine[0]        # tape, so it is freed as it runs
             seeds = {} if o is None else {o.idx: _cast_like(seed, o.value)}
             cts = backward(recording, seeds, consume=True) if seeds else [None] * len(primals)
         finally: release(recording)            # the user's arrays are theirs again
+        if prints: check_unwritten(f"gradient of {name_of(f)}", prints, len(primals))   # f wrote a device argument?
     grads = _gradients(cts, primals, rebuild, seeds, len(args))
     return value, (grads if shaped is None else shaped(grads))
 

@@ -648,3 +648,66 @@ def test_a_numpy_array_kept_by_a_chain_is_still_locked_not_copied():
     np.testing.assert_array_equal(pb(1.0), [1., 2.])
     del pb; gc.collect()
     assert buf.flags.writeable
+
+# ---- device arguments: no flag to lock, so a write while the gradient is computed refuses it -----------------------
+def _write_between(xp, transform):
+    "The gradient `transform` gives at [1, 2] of (x * x).sum(), the argument written after recording, before the pullback."
+    x = xp.asarray([1., 2.])
+    run = transform(x)
+    x[0] = 5.
+    return run()
+
+@pytest.mark.parametrize("transform", [
+    lambda x: (lambda pb: lambda: pb(1.0))(fd.value_with_pullback(lambda x: (x * x).sum(), x)[1]),
+    lambda x: (lambda pb: lambda: pb(1.0))(fd.pullback(lambda x: (x * x).sum(), x)),
+    lambda x: (lambda pb: lambda: pb(1.0))(fd.pullback(lambda x, k: (x * x).sum() * k, x, 1.0, argnums=0)),
+    lambda x: (lambda bp: lambda: bp(np.ones_like(x))[0])(fd.applied_for_backpropagation(     # d_weight reads x
+        fd.Dense(weight=fd.backend.array_module(x).eye(2), bias=np.zeros_like(x)), x)[1]),
+], ids=['value_with_pullback', 'pullback', 'pullback_argnums', 'applied_for_backpropagation'])
+def test_a_device_argument_written_before_the_pullback_runs_is_refused(transform):
+    with fd.use_backend('strict') as xp:
+        with pytest.raises(fd.DifferentiationError, match=r"its argument.*shape \(2,\), was written.*Pass a copy"):
+            _write_between(xp, transform)              # was [10, 4]: the gradient from the new values
+
+def test_a_model_parameter_written_before_backprop_is_named():
+    with fd.use_backend('strict') as xp:
+        model = fd.Dense(weight=xp.asarray(np.eye(2)), bias=xp.zeros(2))
+        out, backprop = fd.applied_for_backpropagation(model, xp.asarray([[1., 2.]]))
+        d_model, d_x = backprop(xp.ones((1, 2)))       # unwritten: runs, and again
+        model.weight[0, 0] = 3.                        # an optimizer step in place, before the backprop
+        with pytest.raises(fd.DifferentiationError, match=r"leaf \d \(of 3\), a device array of shape \(2, 2\)"):
+            backprop(xp.ones((1, 2)))
+
+def test_f_writing_its_device_argument_through_another_name_is_refused():
+    with fd.use_backend('strict') as xp:
+        x = xp.asarray([1., 2.]); a = x
+        def after_use(x): y = x * x; a[0] = 5.; return y.sum()         # was [10, 4] (NumPy: [2, 4], or refused)
+        with pytest.raises(fd.DifferentiationError, match="gradient of after_use: its argument"):
+            fd.value_with_gradient(after_use, x)
+        x[0] = 1.
+        with pytest.raises(fd.DifferentiationError, match="gradient of after_use"): fd.gradient(after_use, x)
+
+def test_device_arguments_unwritten_or_passed_twice_are_right():
+    with fd.use_backend('strict') as xp:
+        x = xp.asarray([1., np.nan])
+        v, pb = fd.value_with_pullback(lambda x: (x * 3.).sum(), x)     # a NaN equals itself: not a write
+        np.testing.assert_array_equal(fd.to_host(pb(1.0)), [3., 3.])
+        a = xp.asarray([1., 2.])
+        ga, gb = fd.gradient(lambda u, w: (u * w).sum(), a, a)          # f(a, a): each gets the other
+        np.testing.assert_array_equal(fd.to_host(ga), [1., 2.]); np.testing.assert_array_equal(fd.to_host(gb), [1., 2.])
+        big = xp.asarray(np.linspace(0., 1., (fd.locks.COPIED_BELOW // 8) + 5))   # noted by its bits' sums
+        v, pb = fd.value_with_pullback(lambda x: (x * x).sum(), big)
+        assert fd.to_host(pb(1.0))[-1] == 2.
+        big[3], big[4] = float(big[4]), float(big[3])   # a swap keeps the total: the rows' and columns' sums see it
+        with pytest.raises(fd.DifferentiationError, match="was written"): pb(1.0)
+
+def test_numpy_arguments_are_still_locked_and_not_noted():
+    x = np.array([1., 2.])
+    v, pb = fd.value_with_pullback(lambda x: (x * x).sum(), x)
+    with pytest.raises(ValueError, match="read-only"): x[0] = 5.
+    np.testing.assert_array_equal(pb(1.0), [2., 4.])
+    r = fd.engine.Recording(); r.locks = {}
+    assert fd.locks.lock_arguments(r, [x, 1.0]) is None   # nothing for argument_prints to do
+    fd.locks.release(r)
+    del pb; gc.collect()
+    assert x.flags.writeable
