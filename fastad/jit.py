@@ -18,6 +18,7 @@ from . import backend as _backend, locks as _locks
 class JitError(FastADError, TypeError):
     "A function cannot be traced into a program as asked: a Python decision on a traced value, a value baked in."
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1d9be05
 def _describe(v):
     "`float32[10,3]`: a value's dtype and shape, as the program prints them."
     dtype = getattr(v, 'dtype', None)
@@ -37,6 +38,7 @@ def _origin():
         f = f.f_back
     return '', '?', 0
 
+# %% ../nbs/03i_jit_machinery.ipynb #j128cf1b
 def _user_line():
     "`(file, line)` of the innermost frame outside fastad and NumPy: the user's line that led to a call."
     f = sys._getframe(2)
@@ -46,6 +48,7 @@ def _user_line():
     return None
 _OUTSIDE = ('fastad', 'numpy', 'fastcore', 'contextlib', 'functools')
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1d2b658
 def _site(file, line):
     text = linecache.getline(file, line).strip()
     return f"line {line} of {file.rsplit('/', 1)[-1]}" + (f": `{text}`" if text else '')
@@ -93,6 +96,7 @@ def _foreign(objs):
             return True
     return False
 
+# %% ../nbs/03i_jit_machinery.ipynb #j113ff1e
 _UFUNC_METHODS = {}    # (ufunc, method) -> one bound method (`np.add.at`), so that two traces call the same function
 
 def _ufunc(self, ufunc, method, *inputs, **kwargs):
@@ -102,6 +106,7 @@ def _ufunc(self, ufunc, method, *inputs, **kwargs):
     return self._tr.call(fn, inputs, kwargs, name, writes=method == 'at' or 'out' in kwargs)
 Tracer.__array_ufunc__ = _ufunc
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1c4a638
 def _function(self, func, types, args, kwargs):
     if any(t is not Tracer and t is not np.ndarray for t in types): return NotImplemented
     if func in _STATIC:
@@ -118,6 +123,7 @@ def _from_unbroadcast():
     return f.f_code.co_name == 'unbroadcast' and f.f_globals.get('__name__', '').startswith('fastad.')
 Tracer.__array_function__ = _function
 
+# %% ../nbs/03i_jit_machinery.ipynb #j12a13d4
 def _values(x):
     "`x` with each Tracer replaced by its trace-time value (in lists, tuples and dicts too)."
     t = type(x)
@@ -147,6 +153,7 @@ Tracer.__pos__ = lambda s: np.positive(s)
 Tracer.__abs__ = lambda s: np.absolute(s)
 Tracer.__invert__ = lambda s: np.invert(s)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1f49a37
 def _inplace(ufunc):
     def iop(self, other): ufunc(self, other, out=self); return self
     return iop
@@ -156,6 +163,7 @@ for _name, _uf in dict(add=np.add, sub=np.subtract, mul=np.multiply, truediv=np.
 def _imatmul(self, other): np.matmul(self, other, out=self); return self
 Tracer.__imatmul__ = _imatmul
 
+# %% ../nbs/03i_jit_machinery.ipynb #j136eafb
 def _method(name):
     def method(self, *args, **kwargs):
         return self._tr.call(getattr(type(self.value), name), (self,) + args, kwargs, f".{name}",
@@ -172,6 +180,7 @@ for _name in ('reshape', 'transpose', 'swapaxes', 'squeeze', 'ravel', 'flatten',
 for _name in ('T', 'mT', 'real', 'imag'):
     setattr(Tracer, _name, property((lambda n: lambda self: self._tr.call(_attribute(n), (self,), {}, f".{n}"))(_name)))
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1542dd1
 def _attribute(name):
     "A function reading attribute `name` (`.T`), one per name, so that two traces give the same function."
     f = _ATTRIBUTES.get(name)
@@ -179,6 +188,7 @@ def _attribute(name):
     return f
 _ATTRIBUTES = {}
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1f818de
 Tracer.__getitem__ = lambda self, index: self._tr.call(operator.getitem, (self, index), {}, '[]')
 def _setitem(self, index, value): self._tr.call(operator.setitem, (self, index, value), {}, '[]=', writes=True)
 Tracer.__setitem__ = _setitem
@@ -189,10 +199,12 @@ _CASTS = {'__bool__': bool, '__float__': float, '__int__': int, '__index__': ope
           '__round__': round}
 _SIZES = ('shape', 'size', 'len')     # what a check reads of an array whose size depends on the data
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1a4ccfe
 def _kind(x):
     "What a NaN test asks of a float: is it finite, NaN, or infinite?"
     return 'nan' if x != x else 'inf' if x in (float('inf'), float('-inf')) else 'finite'
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1020949
 class _Check:
     "A decision fastad's own code took at trace time (a label check, a NaN test): the replay checks it holds again."
     def __init__(self, what, value, site):
@@ -232,6 +244,7 @@ def _ragged_read(t, what):
                    f"np.where(mask, x, 0), (mask * x).sum(), mask.sum() for a count; or make the argument static: "
                    f"fd.jit(f, static_argnums=...)")
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1ac073f
 def _concrete(what, fix):
     def convert(self, *args):
         module, file, line = _origin()
@@ -253,6 +266,7 @@ for _name, _fix in (('__bool__', _BRANCH), ('__float__', "Keep it an array (x * 
                     ('tolist', "Keep it an array, or return it and convert after the call.")):
     setattr(Tracer, _name, _concrete(_name, _fix))
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1c856f2
 def _array(self, dtype=None, copy=None):
     module, file, line = _origin()
     raise JitError(f"fd.jit: {_site(file, line)} turns a traced array ({_describe(self.value)}) into a plain NumPy array, "
@@ -334,6 +348,7 @@ def _weak(x):
     if t is dict: return all(_weak(o) for o in x.values())
     return t in _LITERALS
 
+# %% ../nbs/03i_jit_machinery.ipynb #j15a5ed3
 def _leaves(x):
     t = type(x)
     if t is tuple or t is list:
@@ -364,6 +379,7 @@ def call(self: _Trace, fn, args, kwargs, name, writes=False, site=None):
         self.ragged.update(o for o in outs if np.ndim(self.values[o]))   # its size depends on the data
     return wrapped
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1951a4a
 _RAGGED = {np.nonzero, np.flatnonzero, np.argwhere, np.unique, np.compress, np.extract, np.ndarray.nonzero,
            np.ndarray.compress, np.setdiff1d, np.intersect1d, np.union1d, np.setxor1d, np.trim_zeros}
 
@@ -491,6 +507,7 @@ class _TracedFunction:
         f = _DEVICE_FNS.get(key) or _DEVICE_FNS.setdefault(key, getattr(self.f, method))
         return _TracedFunction(f, f"{self.name}.{method}", self.tr, False, writes=method == 'at')
 
+# %% ../nbs/03i_jit_machinery.ipynb #j14c1d33
 class _TracedModule:
     """An array module as fastad's code sees it through `array_module(tracer)` while tracing: its makers (`xp.zeros`)
     make traced arrays, so that fastad's rules can write traced values into them. NumPy itself is left alone."""
@@ -545,6 +562,7 @@ def _is_array(x):
     t = type(x)
     return t is np.ndarray or (isinstance(x, np.generic) and x.dtype.kind in 'biufc') or _backend.is_array(x)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j14dcdc3
 _OBJECT_KINDS = {}
 def _is_object(x):
     """A model (a dataclass) or a stateful object such as an optimizer (an instance with attributes, not callable):
@@ -556,6 +574,7 @@ def _is_object(x):
             hasattr(x, '__dict__') and not callable(x) and not isinstance(x, (type, types.ModuleType))) else ''
     return kind
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1ff5303
 _CARRIED = set()       # (class, attribute): a float a jitted function rebinds to a traced value (a scheduled learning rate)
 
 def _is_counter(obj, v, name=None):
@@ -595,6 +614,7 @@ class _Args:
             self.key.append((t, tuple(state)))
             for name, v in state.items(): self.walk(v, kind == 'state' and _is_counter(x, v, name))
 
+# %% ../nbs/03i_jit_machinery.ipynb #j194af36
 _KINDS = {}
 def _kind_of(x):
     "How the signature walk treats values of `x`'s type (worked out once per type)."
@@ -605,6 +625,7 @@ def _kind_of(x):
     if _is_array(x): return 'array'
     return _is_object(x) or 'static'
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1a57189
 def _hashable(x):
     try: hash(x); return x
     except TypeError: return ('id', id(x))
@@ -632,6 +653,7 @@ def _swapped(x, new, undo, seen, counter=False, gens=None):
         return x
     return x
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1511092
 def _undo(undo):
     for x, k, v, attr in reversed(undo):
         if attr: object.__setattr__(x, k, v)
@@ -671,6 +693,7 @@ def _built(tpl, slots, objs):
     c = tpl[1]
     return slots['consts'][c.i] if type(c) is _Const else c
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1a40653
 def _slots_of(tpl, found):
     if tpl[0] == 'slot' or tpl[0] == 'scalar': found.append(tpl[1])
     elif tpl[0] == 'new':
@@ -679,10 +702,12 @@ def _slots_of(tpl, found):
     elif tpl[0] in ('named', 'dict'): [_slots_of(o, found) for o in tpl[2]]
     return found
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1aac87c
 def _untraced(x):
     "The generator a `_Drawing` draws from, the module a `_TracedModule` stands for."
     return x._rng if type(x) is _Drawing else x._module
 
+# %% ../nbs/03i_jit_machinery.ipynb #j153a881
 def _concretized(x, seen=None):
     "`x` with its Tracers replaced by their values (models made in the function are changed in place)."
     t = type(x)
@@ -715,6 +740,7 @@ def _render(x, ns):
     name = f"v{len(ns)}"; ns[name] = x
     return name
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1ea8610
 def _slots_in(x, found):
     t = type(x)
     if t is _Slot: found.append(x.i)
@@ -723,6 +749,7 @@ def _slots_in(x, found):
     elif t is slice: [_slots_in(o, found) for o in (x.start, x.stop, x.step)]
     return found
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1b9b95d
 def _root(v):
     while getattr(v, 'base', None) is not None: v = v.base
     return v
@@ -739,6 +766,7 @@ def _value_type(v):
     "The type of value `v` of a program: an array's own type where only its description is kept."
     return v.kind if type(v) is _Desc else type(v)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j12174f1
 class Program:
     "What `jit` traced for one signature: the ops, the constants, the inputs and how to build the outputs."
     def __init__(self, trace, inputs, out_tpl, effects):
@@ -828,6 +856,7 @@ def _made(cls, fields):
     new.__dict__.update(fields)
     return new
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1643ce7
 def _expr(tpl, at, ns):
     "Python source building template `tpl` from the replay's values `v` (`at`: slot -> position), objects `objs`, constants."
     kind = tpl[0]
@@ -844,6 +873,7 @@ def _expr(tpl, at, ns):
     c = tpl[1]
     return f"consts[{c.i}]" if type(c) is _Const else named(c)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j125e2ca
 def _builder(program):
     """The outputs' rebuild and the write-backs on the caller's objects as one generated function `build(v, objs)`,
     instead of walking the templates on every call."""
@@ -866,6 +896,7 @@ _SCALAR_OPS = {np.add: '{0} + {1}', np.subtract: '{0} - {1}', np.multiply: '{0} 
 _SCALAR_NAMES = dict(_msin=math.sin, _mcos=math.cos, _mexp=math.exp, _mtanh=math.tanh, _mlog=math.log, _npsin=np.sin,
                      _npcos=np.cos, _npexp=np.exp, _nplog=np.log, _f64=np.float64, _summed_rows=lambda *a: _summed_rows(*a), _masked=lambda m, a: _masked(m, a))
 
+# %% ../nbs/03i_jit_machinery.ipynb #j13d954e
 @patch
 def _scalars(self: Program):
     """Ops on float64 numbers that run as Python float arithmetic (`a * b`, `math.sin(a)` where it is finite, NumPy's
@@ -912,6 +943,7 @@ def _summed_rows(g, ones, cols, shape, fallback):
     r = ones @ g.reshape(len(ones), cols)
     return r if r.shape == shape else r.reshape(shape)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1f1365b
 @patch
 def _row_sum(self: Program, op, ns):
     """`g.sum(axis=0)` in fastad's unbroadcast (a bias's gradient) of a float matrix: NumPy adds the rows of a narrow
@@ -1054,6 +1086,7 @@ class jit:
 MAX_SIGNATURES = 64        # programs (and first traces) kept per jitted function, the least recently used dropped first
 RETRACE_WARNING = 8        # signatures after which a function that keeps tracing anew is warned about
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1c9e3e7
 class JitWarning(UserWarning):
     "fd.jit's warning: a function traces anew again and again (a Python number argument, say), losing the replay's speed."
 
@@ -1066,9 +1099,7 @@ def _warn(self: jit, key):
     warnings.warn(f"fd.jit({self.__name__}) has traced {self.signatures} signatures: {why}", JitWarning, stacklevel=3)
     self.warned = True
 
-
-
-
+# %% ../nbs/03i_jit_machinery.ipynb #j1544d54
 def _leaves_of(x):
     t = type(x)
     if t is tuple or t is list:
@@ -1175,6 +1206,7 @@ def _leaf_names(f, args, static):
         if i not in static: walk(a, params[i] if i < len(params) else f"args[{i}]")
     return names
 
+# %% ../nbs/03i_jit_machinery.ipynb #j11b4b21
 def _reachable(f, objs):
     "The random generators `f` can reach without taking them: its closure, the globals it names, its arguments' attributes."
     found = dict(_places(f))
@@ -1193,6 +1225,7 @@ def _holds_tracer(x, trace, seen):
         return any(_holds_tracer(o, trace, seen) for o in vars(x).values())
     return False
 
+# %% ../nbs/03i_jit_machinery.ipynb #j15caaec
 def _escaped(jitted, trace):
     """A traced array the function left in an object it does not take (an optimizer or a list in its closure or a global):
     its values put back, and a refusal that names the place, since a replay cannot write it back."""
@@ -1329,6 +1362,7 @@ def _shapes(program, op):
     ins = [f"s{s}:{_describe(program.values[s])}" for s in _slots_in((op.args, op.kwargs), [])]
     return ', '.join(ins)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j13bf076
 def _same_value(a, b):
     if a is b: return True
     if _is_array(a) or _is_array(b):
@@ -1337,6 +1371,7 @@ def _same_value(a, b):
     try: return bool(a == b)
     except Exception: return False
 
+# %% ../nbs/03i_jit_machinery.ipynb #j17ff900
 def _same_spec(x, y, p, q):
     t = type(x)
     if t is not type(y): return False
@@ -1347,6 +1382,7 @@ def _same_spec(x, y, p, q):
     if t is slice: return all(_same_spec(a, b, p, q) for a, b in ((x.start, y.start), (x.stop, y.stop), (x.step, y.step)))
     return _same_value(x, y)
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1f6250c
 def _same_fn(f, g):
     if type(f) is _Check: return type(g) is _Check and (f.what, f.expected, f.site) == (g.what, g.expected, g.site)
     return f is g
@@ -1356,6 +1392,7 @@ def _where(op):
     "` at line 3 of f.py: `y = x * k``: the user's line that made `op`, where known."
     return f" at {_site(*op.line)}" if op.line else ''
 
+# %% ../nbs/03i_jit_machinery.ipynb #j12d6817
 def _difference(x, y, p, q):
     "The first leaf where specs `x` (of program `p`) and `y` (of `q`) differ: `('array', a, b)`, `('number', a, b)` or None."
     t = type(x)
@@ -1494,6 +1531,7 @@ class GraphPlan:
                 f"{len(self.inputs)} input and {len(self.outputs)} output buffers, device scalars {sorted(self.scalars)}, "
                 f"{len(self.checks)} checks left to trace time)")
 
+# %% ../nbs/03i_jit_machinery.ipynb #j185f77c
 def graph_plan(program):
     "The `GraphPlan` of `program`: which calls a CUDA graph captures, its fixed buffers, the host numbers it reads."
     ops, values = program.live, program.values
