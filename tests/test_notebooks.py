@@ -18,11 +18,8 @@ def exports(stem):
     return any(line.startswith(('#| default_exp', '#| export')) for c in cells(stem) if c['cell_type'] == 'code'
                for line in source(c).splitlines())
 
-# Every exporting notebook shows and tests each exported definition, except these, still to be done: their cells
-# are being split by idea (each definition followed by the cell that runs it). Remove a name once it passes.
-STILL_BARE = ['03i_jit_machinery']
+# Every exporting notebook shows and tests each exported definition: the cell after it runs it.
 EXPORTING = [s for s in NOTEBOOKS if exports(s)]
-SHOWN_AND_TESTED = [s for s in EXPORTING if s not in STILL_BARE]
 
 @pytest.mark.parametrize('stem', NOTEBOOKS)
 def test_no_code_cell_over_60_lines(stem):
@@ -47,15 +44,9 @@ def bare_exports(stem):
             bare.append(c['id'])
     return bare
 
-@pytest.mark.parametrize('stem', SHOWN_AND_TESTED)
+@pytest.mark.parametrize('stem', EXPORTING)
 def test_each_exported_definition_is_followed_by_a_cell_that_shows_and_tests_it(stem):
     assert bare_exports(stem) == [], bare_exports(stem)
-
-@pytest.mark.parametrize('stem', STILL_BARE)
-def test_the_notebooks_left_to_do_still_have_bare_exports(stem):
-    "STILL_BARE can't go stale: each name is an exporting notebook that still fails the check above."
-    assert stem in EXPORTING, f"{stem} is not an exporting notebook: take it out of STILL_BARE"
-    assert bare_exports(stem) != [], f"{stem} passes now: take it out of STILL_BARE"
 
 def run_lessons(backend, *flags):
     "Run every notebook with nbdev_test, the lessons' toggle cells picking `backend`; return the finished process."
