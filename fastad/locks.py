@@ -12,6 +12,7 @@ import math, sys, threading, types, weakref
 import numpy as np
 from .errors import DifferentiationError
 from .strict import StrictArray
+from .backend import array_module
 
 # %% ../nbs/03b4_locks.ipynb #b3f9d4e1
 _ndarray, _function = np.ndarray, types.FunctionType
@@ -258,33 +259,61 @@ def _bits_summed(a):
     if rest.size: cols[:rest.size] += rest.astype(np.uint64)   # the few left over, into the first columns
     return table.sum(axis=1, dtype=np.uint64), cols
 
-def _same_bits(a, b):
-    "Are arrays `a` and `b` equal bit for bit (a NaN equals itself, -0.0 differs from 0.0)?"
-    if a.dtype.kind == 'c': return _same_bits(a.real, b.real) and _same_bits(a.imag, b.imag)
-    word = f'u{a.itemsize}'
-    return not bool((a.view(word) != b.view(word)).any())
+def _joined(arrays, large, xp):
+    "`arrays` flattened and joined into one device array by `xp` (one alone: as it is); with `large`, their bits' sums."
+    if not large: return xp.concatenate(arrays, axis=None) if len(arrays) > 1 else arrays[0]   # (axis=None: flattened)
+    return xp.concatenate([p for a in arrays for p in _bits_summed(a)])
 
 def argument_prints(arrays, devices):
-    "`[(i, a, noted)]` for the device arrays `devices` among the arguments `arrays` (`lock_arguments`'s), for `check_unwritten`."
-    prints = []
+    """What `check_unwritten` compares the device arguments `devices` among `arrays` (`lock_arguments`'s) with: groups
+    `(members, large, noted)`, the `(i, a)` of one dtype under `COPIED_BELOW` and their values joined, or the larger ones
+    and their bits' sums joined, so that a check costs a few operations for a whole model."""
+    groups, devices, seen = {}, {id(d) for d in devices}, set()   # (all alive: their ids cannot be reused meanwhile)
     for i, a in enumerate(arrays):
-        if any(a is d for d in devices) and a.size and not any(a is p[1] for p in prints):   # f(a, a): once
-            prints.append((i, a, a.copy() if a.nbytes < COPIED_BELOW else _bits_summed(a)))
+        if id(a) in devices and id(a) not in seen and a.size:      # f(a, a): once
+            seen.add(id(a))
+            groups.setdefault('sums' if a.nbytes >= COPIED_BELOW else a.dtype.str, []).append((i, a))
+    xp, prints = array_module(*devices), []
+    for key, members in groups.items():
+        noted = _joined([a for _, a in members], key == 'sums', xp)
+        prints.append((members, key == 'sums', noted.copy() if len(members) == 1 and key != 'sums' else noted))
     return prints
 
-def check_unwritten(name, prints, count):
-    "Refuse the gradient of `name` where a device argument (of `count`) was written since `argument_prints` noted it."
-    for i, a, noted in prints:
-        if type(noted) is not tuple:
-            if not bool((a != noted).any()) or bool(np.array_equal(a, noted, equal_nan=True)): continue   # a NaN: kept
-        elif all(map(_same_bits, noted, _bits_summed(a))): continue
-        which = "its argument" if count == 1 else f"its argument leaf {i} (of {count})"
-        raise DifferentiationError(
-            f"{name}: {which}, a device array of shape {a.shape}, was written while its gradient was being computed "
-            f"(after the forward pass read it, before the backward pass read it again); a device array has no read-only "
-            f"flag (NumPy refuses such a write), so the gradient would come from the new values. Pass a copy "
-            f"(x.copy()), or write into the array only once the gradient has been computed")
+def _differs(a, noted, xp):
+    "Does `a` differ from `noted` anywhere, a NaN that stays a NaN aside? (A read: the refusal's path, per member.)"
+    differ = a != noted
+    if a.dtype.kind in 'fc': differ &= ~(xp.isnan(a) & xp.isnan(noted))
+    return bool(differ.any())
 
+def check_unwritten(name, prints, count):
+    """Refuse the gradient of `name` where a device argument (of `count`) was written since `argument_prints` noted it.
+    Each group is compared on the device and the flags are read back together: one read per check, whatever the model.
+    Only where one differs are its members compared one by one, NaN-aware (an argument holding a NaN is not written)."""
+    xp = array_module(prints[0][0][0][1])
+    flags = [(_joined([a for _, a in members], large, xp) != noted).any() for members, large, noted in prints]
+    if len(flags) == 1:
+        if not flags[0]: return                       # the usual path ends here (a model of one dtype, small leaves)
+        changed = (True,)
+    else:
+        changed = xp.stack(flags).get()
+        if not changed.any(): return
+    written = [leaf for group, hit in zip(prints, changed) if hit for leaf in _written(*group, xp)]
+    if not written: return                            # only NaNs, kept
+    i, a = min(written, key=lambda leaf: leaf[0])     # the first leaf written
+    which = "its argument" if count == 1 else f"its argument leaf {i} (of {count})"
+    raise DifferentiationError(
+        f"{name}: {which}, a device array of shape {a.shape}, was written while its gradient was being computed "
+        f"(after the forward pass read it, before the backward pass read it again); a device array has no read-only "
+        f"flag (NumPy refuses such a write), so the gradient would come from the new values. Pass a copy "
+        f"(x.copy()), or write into the array only once the gradient has been computed")
+
+def _written(members, large, noted, xp):
+    "The `(i, a)` among `members` whose part of `noted` changed (the refusal's path: a read per member)."
+    start = 0
+    for i, a in members:
+        now = _joined([a], large, xp)
+        if _differs(now, noted if len(members) == 1 else noted[start:start + now.size].reshape(now.shape), xp): yield i, a
+        start += now.size
 
 # %% ../nbs/03b4_locks.ipynb #lk0025
 def saved_array_written(recording, error):

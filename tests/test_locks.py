@@ -711,3 +711,40 @@ def test_numpy_arguments_are_still_locked_and_not_noted():
     fd.locks.release(r)
     del pb; gc.collect()
     assert x.flags.writeable
+
+def _reads_in_check(monkeypatch):
+    "Count the strict backend's reads back to the host (bool(), float(), .get(), .item(), .tolist()) made by check_unwritten."
+    from fastad import strict, transforms
+    reads, inside = [], [False]
+    for method in ('_scalar', 'get', 'item', 'tolist'):
+        def counted(self, *args, _read=getattr(strict.StrictArray, method), _name=method):
+            if inside[0]: reads.append(_name)
+            return _read(self, *args)
+        monkeypatch.setattr(strict.StrictArray, method, counted)
+    def check(*args, _check=transforms.check_unwritten):
+        inside[0] = True
+        try: return _check(*args)
+        finally: inside[0] = False
+    monkeypatch.setattr(transforms, 'check_unwritten', check)
+    return reads
+
+def test_checking_a_models_device_arguments_reads_back_once(monkeypatch):
+    reads = _reads_in_check(monkeypatch)
+    with fd.use_backend('strict') as xp:
+        rng = np.random.default_rng(0)
+        big = xp.asarray(rng.standard_normal((fd.locks.COPIED_BELOW // 8 + 7, 1)))    # noted by its bits' sums
+        model = fd.Sequential([fd.Dense(weight=xp.asarray(rng.standard_normal((3, 4))), bias=xp.zeros(4)),
+                               fd.Dense(weight=xp.asarray(rng.standard_normal((4, 2)), dtype=np.float32), bias=xp.zeros(2))])
+        out, backprop = fd.applied_for_backpropagation(model, xp.ones((5, 3)))
+        backprop(xp.ones((5, 2)))
+        assert len(reads) == 1                         # 5 leaves (model and x) of two dtypes: was 5 reads, one each
+        reads.clear()
+        g = fd.gradient(lambda m, b, x: (m(x) * b[:5].sum()).sum(), model, big, xp.ones((5, 3)))
+        assert len(reads) == 1                         # with a large one: was 6 plus 2 for the large one's sums
+        reads.clear()
+        model.layers[1].bias[1] = np.nan               # a NaN that stays one: unchanged, read again only for its group
+        out, backprop = fd.applied_for_backpropagation(model, xp.ones((5, 3)))
+        backprop(xp.ones((5, 2)))
+        model.layers[1].weight[0, 0] = 7.              # a write: refused, naming the leaf
+        with pytest.raises(DifferentiationError, match=r"leaf 2 \(of 5\), a device array of shape \(4, 2\)"):
+            backprop(xp.ones((5, 2)))
