@@ -15,14 +15,16 @@ from .tree import Differentiable, nondifferentiable, tree_map
 from .transforms import (gradient, value_with_gradient, pullback, value_with_pullback, derivative, registered_derivative, Registration,
                          differentiable_function, without_derivative, with_derivative, ZeroDerivativeWarning,
                          applied_for_backpropagation)
-from .layers import Layer, Dense, Sequential, sequenced, mse, SGD, Adam
+from .layers import Layer, Dense, Sequential, sequenced, mse, SGD, Adam, AdamW
 from .cnn import Conv2D, MaxPool2D, Flatten, conv2d, max_pool2d, softmax_cross_entropy
 from .drawing import draw, tape_of, TapeListing
 from .forward import differential, value_with_differential, jacobian, hessian, hessian_vector_product, ravel
 from .checkpointing import (make_recomputed_in_gradient, with_recomputation_in_pullbacks, random_state, replaying,
                             ActivationDiscarding, checkpoint_sequential, BudgetWarning)
-from .training import (SGD, Adam, AdamW, Schedule, constant_schedule, step_schedule, warmup_cosine_schedule,
-                       global_norm, clip_by_global_norm, save, load, batches)
+from .schedules import Schedule, constant_schedule, step_schedule, warmup_cosine_schedule
+from .clipping import global_norm, clip_by_global_norm
+from .saving import save, load
+from .batching import batches
 from .more_layers import LayerNorm, Dropout, Embedding, set_training
 from .jit import jit, JitError, JitWarning
 from .data_parallel import all_reduce_mean, shards, dask_value_with_gradient   # Dask is imported only when called

@@ -11,6 +11,7 @@ import numpy as np
 from . import backend
 from .backend import array_module, asarray, random_normal, ones, zeros
 from .errors import ArgumentError, ShapeError, is_whole, whole_number
+from .jit import Tracer
 from .layers import Layer
 from .primitives import array_module_under
 from .tree import Differentiable, nondifferentiable, stores_its_fields, is_container, items, fields_of
@@ -142,8 +143,9 @@ class Embedding(Layer):
         if getattr(getattr(indices, 'dtype', None), 'kind', None) not in ('i', 'u'):
             raise ArgumentError(f"Embedding: indices must be integers (token ids), got {getattr(indices, 'dtype', type(indices).__name__)}"
                                 f"; write indices.astype(int)")
-        if indices.size:                               # checked on every backend: CuPy would wrap a bad index around
-            low, high = (int(backend.to_host(v)) for v in (indices.min(), indices.max()))    # two numbers to the host
+        seen = indices.value if type(indices) is Tracer else indices       # fd.jit: checked as traced; a replay can't raise
+        if seen.size:                                  # checked on every backend: CuPy would wrap a bad index around
+            low, high = (int(backend.to_host(v)) for v in (seen.min(), seen.max()))         # two numbers to the host
             if low < 0 or high >= count:
                 raise ArgumentError(f"Embedding: indices holds index {low if low < 0 else high}, which is outside the "
                                     f"table's rows 0..{count - 1}")
