@@ -11,6 +11,7 @@ import numpy as np
 from .primitives import Primitive, unbroadcast
 from . import primitives as P
 from .errors import DifferentiationError
+from .backend import is_numpy
 from .engine import Traced, apply, unbox, new_traced, used_after_its_transform
 from .locks import argument_roots, memory_owner, note_view, DEVICE_ARRAY
 from . import traced_array      # the operators `x op= y` records with: Traced.__add__, ...
@@ -203,7 +204,7 @@ def _survivors(y, key):
     written[key] = numbers
     kept = written[key] == numbers
     if bool(kept.all()): return None
-    if xp is not np:                                  # CuPy keeps any one of the writes, run to run: no derivative to give
+    if not is_numpy(xp):                              # CuPy keeps any one of the writes, run to run: no derivative to give
         raise DifferentiationError("x[key] = v: the key writes one place more than once, and on this backend which "
                                    "write survives is not fixed, so neither is the gradient. Make the indices unique "
                                    "(numpy.unique), or combine the values first (add.at)")
