@@ -79,9 +79,8 @@ class _Saved:
 def _global_generators():
     "fastad's generator for the active backend (made now if it doesn't exist yet), NumPy's legacy one, Python's."
     name = backend.get_backend()
-    ours = backend._rng.get(name)
-    if ours is None: ours = backend._rng.setdefault(name, backend.default_rng())   # as random_normal would make it
-    others = [g for n, g in backend._rng.items() if n != name]
+    ours = backend.shared_generator()                 # made now if there is none yet, as random_normal would make it
+    others = [g for n, g in backend.generators.items() if n != name]
     return [ours, *others, np.random.mtrand._rand, random._inst]
 
 def random_state(generators=()):

@@ -306,7 +306,7 @@ def identity(x):
 
 def glorot_uniform(shape, fan_in, fan_out, rng=None):
     "float32 samples of `shape`, uniform in ±sqrt(6 / (fan_in + fan_out)), from `rng` or the backend's seeded generator."
-    if rng is None: rng = backend._rng.setdefault(get_backend(), default_rng())    # the one manual_seed reseeds
+    if rng is None: rng = backend.shared_generator()                              # the one manual_seed reseeds
     if not hasattr(rng, 'random'):
         raise ArgumentError(f"glorot_uniform: rng must be a random generator (default_rng(seed)), got {type(rng).__name__}")
     limit = np.float32(math.sqrt(6 / (fan_in + fan_out)))

@@ -109,7 +109,7 @@ import functools, math, string
 from . import primitives_more as PM
 from .backend import to_host
 from .errors import NoDerivativeError, ShapeError, ArgumentError
-from .primitives import _module_under
+from .primitives import array_module_under
 
 def _static(name, value, what):
     "An index, a count or a setting must not be traced: its derivative would be silently lost."
@@ -124,7 +124,7 @@ def _along(axis, nd, index):
 
 def _device_index(a, index):
     "An index array on `a`'s device (a list or a host array of indices is uploaded once)."
-    return index if isinstance(index, (int, slice)) else _module_under(a).asarray(to_host(unbox(index)))
+    return index if isinstance(index, (int, slice)) else array_module_under(a).asarray(to_host(unbox(index)))
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #brb9884d
 def _prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
@@ -148,7 +148,7 @@ def _cumulative(scan):
         if not include_initial: return result
         axis = 0 if axis is None else axis
         shape = list(np.shape(result)); shape[axis] = 1
-        first = _module_under(result).full(shape, 0.0 if scan is np.cumsum else 1.0, dtype=np.result_type(unbox(result)))
+        first = array_module_under(result).full(shape, 0.0 if scan is np.cumsum else 1.0, dtype=np.result_type(unbox(result)))
         return np.concatenate([first, result], axis=axis)
     return adapter
 
@@ -168,7 +168,7 @@ def _diff(a, n=1, axis=-1, prepend=_NO, append=_NO):
         shape = list(np.shape(a)); shape[axis] = 1
         if type(v) is Traced: return np.broadcast_to(v, tuple(shape))
         v_dtype = v.dtype if hasattr(v, 'dtype') else np.asarray(v).dtype   # as NumPy: a number becomes a float64 array
-        return _module_under(a).full(tuple(shape), v, dtype=np.result_type(unbox(a), v_dtype))
+        return array_module_under(a).full(tuple(shape), v, dtype=np.result_type(unbox(a), v_dtype))
     parts = ([edge(prepend)] if prepend is not _NO else []) + [a] + ([edge(append)] if append is not _NO else [])
     if len(parts) > 1: a = np.concatenate(parts, axis=axis)
     for _ in range(operator.index(n)): a = a[_along(axis, nd, slice(1, None))] - a[_along(axis, nd, slice(None, -1))]
@@ -179,14 +179,14 @@ def _average(a, axis=None, weights=None, returned=False, *, keepdims=False):
     if weights is None:
         avg = np.mean(a, axis=axis, keepdims=keepdims)
         count = np.size(unbox(a)) // max(np.size(unbox(avg)), 1)
-        scale = _module_under(a).full(np.shape(avg), count, dtype=np.result_type(unbox(avg)))
+        scale = array_module_under(a).full(np.shape(avg), count, dtype=np.result_type(unbox(avg)))
     else:
         if np.ndim(weights) != np.ndim(a):              # 1-D weights along one axis
             if axis is None or np.ndim(weights) != 1:
                 raise ShapeError("numpy.average: weights of a different shape than `a` must be 1-D, along one axis")
             shape = [1] * np.ndim(a); shape[operator.index(axis)] = -1
             weights = np.reshape(weights, tuple(shape))
-        ones = _module_under(a).ones(np.shape(a), dtype=np.result_type(unbox(a), unbox(weights)))   # NumPy's precision
+        ones = array_module_under(a).ones(np.shape(a), dtype=np.result_type(unbox(a), unbox(weights)))   # NumPy's precision
         scale = np.sum(weights * ones, axis=axes_of(axis), keepdims=keepdims)
         avg = np.sum(a * weights, axis=axes_of(axis), keepdims=keepdims) / scale
     return (avg, scale) if returned else avg
@@ -234,7 +234,7 @@ def _quantile_of(name, a, q, axis, method, keepdims):
     frac = {'linear': pos - lo, 'lower': 0 * pos, 'higher': (pos > lo) * 1.0, 'midpoint': (pos > lo) * 0.5,
             'nearest': (np.around(pos) > lo) * 1.0}[method]
     if n == 0: raise ShapeError(f"{name}: the quantile of an empty axis is not defined (NumPy raises IndexError)")
-    xp = _module_under(s)
+    xp = array_module_under(s)
     take = lambda i: s[..., int(i)] if np.ndim(i) == 0 else np.moveaxis(s[..., xp.asarray(i)], tuple(range(-q.ndim, 0)), tuple(range(q.ndim)))
     if q.ndim:                                          # NumPy's precision: a list of q interpolates in float64
         precision = np.result_type(unbox(s)) if method in ('lower', 'higher', 'nearest') else np.float64
@@ -377,7 +377,7 @@ def _einsum(*operands, out=None, optimize=False, **kwargs):
         if len(subs) < len(ops): ops, out_sub = ops[:-1], '->' + word(operands[-1])
         else: out_sub = ''
         subscripts = ','.join(subs) + out_sub
-    ins, output = P._einsum_subscripts(subscripts, [np.shape(o) for o in ops])
+    ins, output = P.einsum_subscripts(subscripts, [np.shape(o) for o in ops])
     for k, s in enumerate(ins):                       # a repeated index within one operand: take that diagonal first
         while len(set(s)) < len(s):
             c = next(c for c in s if s.count(c) > 1)
@@ -418,13 +418,13 @@ def _take(a, indices, axis=None, out=None, mode='raise'):
     axis = operator.index(axis) % np.ndim(a)
     if mode != 'raise':
         n, idx = np.shape(a)[axis], _device_index(a, indices)
-        indices = idx % n if mode == 'wrap' else _module_under(a).clip(idx, 0, n - 1)
+        indices = idx % n if mode == 'wrap' else array_module_under(a).clip(idx, 0, n - 1)
     return a[_along(axis, np.ndim(a), indices)]
 
 def _take_along_axis(arr, indices, axis=-1):
     indices = unbox(_static('numpy.take_along_axis', indices, 'indices'))
     if axis is None: arr, axis = np.ravel(arr), 0
-    return arr[PM._along_axis_index(_module_under(arr), np.shape(arr), indices, operator.index(axis), 'numpy.take_along_axis')]
+    return arr[PM.along_axis_index(array_module_under(arr), np.shape(arr), indices, operator.index(axis), 'numpy.take_along_axis')]
 
 # %% ../nbs/03b1_numpy_dispatch.ipynb #p3b046
 def put_along_axis(arr, indices, values, axis):
@@ -444,7 +444,7 @@ def _put_along_axis(arr, indices, values, axis):
 def _repeat(a, repeats, axis=None):
     repeats = _static('numpy.repeat', repeats, 'repeats')
     if axis is None: a, axis = np.ravel(a), 0
-    xp = _module_under(a)
+    xp = array_module_under(a)
     n = np.shape(a)[operator.index(axis)]
     reps = repeats if isinstance(repeats, int) else xp.asarray(to_host(unbox(repeats)))
     return a[_along(operator.index(axis), np.ndim(a), xp.repeat(xp.arange(n), reps))]
@@ -472,7 +472,7 @@ def _pad(array, pad_width, mode='constant', **kwargs):
     if mode not in _PAD_BY_INDEX or kwargs.get('reflect_type', 'even') != 'even' or set(kwargs) - {'reflect_type'}:
         raise NoDerivativeError(f"{name}: mode={mode!r} with {kwargs or 'no options'} has no derivative in fastad; "
                                 f"use mode='constant', 'edge', 'reflect', 'symmetric' or 'wrap'")
-    xp = _module_under(array)
+    xp = array_module_under(array)
     for axis, (before, after) in enumerate(widths):   # pad the indices with NumPy, then index: one axis at a time
         if before or after:
             index = np.pad(np.arange(np.shape(array)[axis]), (before, after), mode=mode)
@@ -591,7 +591,7 @@ def _block(arrays):
     def leaves(x): return [l for e in x for l in leaves(e)] if type(x) is list else [x]
     levels, every = depth(arrays), leaves(arrays)
     nd = max([levels] + [np.ndim(l) for l in every])
-    xp = _module_under(next(l for l in every if type(l) is Traced))
+    xp = array_module_under(next(l for l in every if type(l) is Traced))
     def build(x, level):
         if type(x) is not list:
             if type(x) is not Traced: x = xp.asarray(to_host(x))   # a plain number or array joins on the same device
@@ -645,7 +645,7 @@ def _linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axi
     delta = stop - start
     nd = max(np.ndim(start), np.ndim(stop))
     dtype_ = np.result_type(unbox(start), unbox(stop), float(num))     # NumPy's precision: float32 ends stay float32
-    steps = _module_under(start if type(start) is Traced else stop).arange(num, dtype=dtype_).reshape((-1,) + (1,) * nd)
+    steps = array_module_under(start if type(start) is Traced else stop).arange(num, dtype=dtype_).reshape((-1,) + (1,) * nd)
     y = start + steps * (delta / div) if div > 0 else start + steps * delta
     if endpoint and num > 1: y = np.concatenate([y[:-1], np.expand_dims(stop + 0 * start, 0)])   # ends exactly at stop
     if axis != 0: y = np.moveaxis(y, 0, axis)
@@ -708,14 +708,14 @@ def _bincount(x, weights=None, minlength=0):
     x = unbox(_static('numpy.bincount', x, 'x'))
     plain = np.bincount(x, unbox(weights), minlength)      # NumPy's checks, and the number of bins
     if type(weights) is not Traced or not np.size(x): return plain     # no weights, none to move (NumPy: int zeros)
-    return P.scatter_add(weights.astype(np.float64), index=_device_index(weights, x), like=_module_under(weights).zeros(len(plain)))
+    return P.scatter_add(weights.astype(np.float64), index=_device_index(weights, x), like=array_module_under(weights).zeros(len(plain)))
 
 def _histogram(a, bins=10, range=None, density=None, weights=None):
     """np.histogram: the edges follow a's smallest and largest elements unless `bins` are edges or `range`
     is given; traced weights are summed into bins; counts themselves are piecewise constant."""
     va, vw = unbox(a), unbox(weights)
     counts, edges = np.histogram(va, bins, range, weights=vw)        # NumPy's bins and checks
-    n, xp = len(counts), _module_under(a if type(a) is Traced else weights)
+    n, xp = len(counts), array_module_under(a if type(a) is Traced else weights)
     if type(a) is Traced and range is None and np.ndim(bins) == 0 and np.size(va):
         lo, hi = np.min(a), np.max(a)                                  # the edges move with them
         if unbox(lo) == unbox(hi): lo, hi = lo - 0.5, hi + 0.5

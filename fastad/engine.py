@@ -210,7 +210,7 @@ def _spec(v):
     if type(v) is float: return None
     while type(v) is Traced: v = v.value
     dtype = np.result_type(v)
-    return np.shape(v), dtype if dtype.kind == 'f' else np.float64, P._module_under(v)
+    return np.shape(v), dtype if dtype.kind == 'f' else np.float64, P.array_module_under(v)
 
 def zeros_like_output(spec):
     "The cotangent of an output nobody used: zeros made from its `spec` (see `Outputs`)."

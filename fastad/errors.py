@@ -55,5 +55,3 @@ def whole_number(op, name, value, least=1):
     "`value` as an int, or an ArgumentError saying that `op`'s argument `name` must be a whole number of `least` or more."
     if not is_whole(value, least): raise ArgumentError(f"{op}: {name} must be a whole number of {least} or more, got {value!r}")
     return int(value)
-
-_is_whole, _whole_number = is_whole, whole_number   # the names fastad.backend and fastad.training import

@@ -358,7 +358,6 @@ def array_module_under(x):
     while hasattr(type(x), '__fastad_primitive__'): x = x.value
     return array_module(x)
 
-_module_under = array_module_under     # the name fastad.engine, fastad.dispatch and fastad.in_place use
 
 def _product(a, b):
     "`a @ b` for (stacks of) matrices; with an inner dimension of 1, an outer product, by broadcasting: BLAS is slower at it."
@@ -405,7 +404,6 @@ def einsum_subscripts(subscripts, shapes):
     if arrow: return ins, out.replace('...', ell)
     letters = ''.join(ins)                             # implicit output: the letters used once, sorted
     return ins, ell + ''.join(sorted(c for c in set(letters) - set(ell) if letters.count(c) == 1))
-_einsum_subscripts = einsum_subscripts   # the name fastad.dispatch uses
 
 @functools.lru_cache(maxsize=512)
 def _einsum_spec(subscripts, shapes):

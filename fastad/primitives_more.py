@@ -17,7 +17,7 @@ import numpy as np
 from .errors import DifferentiationError, NoDerivativeError, ShapeError
 from .primitives import defvwc, unbroadcast, axes_of, as_mask, NONDIFFERENTIABLE, expand_reduced, half_like, shared_chains, select_where
 from .primitives import array_module_under
-from .backend import sliding_window_view
+from .backend import sliding_window_view, is_numpy
 
 # %% ../nbs/03a1_more_primitives.ipynb #brc6c27f
 def _traced(x):
@@ -359,12 +359,12 @@ def put_along_axis_vwc(arr, values, *, indices, axis):
     grid = np.broadcast_shapes(*(np.shape(i) for i in index))
     ids = xp.arange(math.prod(grid)).reshape(grid)    # the writes, numbered in the order NumPy makes them
     writer = xp.full(shape, -1)                       # which write ends up in each place: the last one made there
-    if xp is np: np.put_along_axis(writer, indices, ids, axis)   # NumPy's scatter keeps the last of repeated writes;
+    if is_numpy(xp): np.put_along_axis(writer, indices, ids, axis)   # NumPy's scatter keeps the last of repeated writes;
     else: xp.maximum.at(writer, index, ids)           # CuPy's keeps any one of them, so the last is picked explicitly
     kept = np.take_along_axis(writer, indices, axis) == ids     # a value overwritten by a repeated index has no slope
     chains = (lambda g: np.where(writer >= 0, 0, g), lambda g: unbroadcast(select_where(kept, np.take_along_axis(g, indices, axis)), vshape))
     if _traced(arr) or _traced(values): return put_along_axis(arr, values, indices=indices, axis=axis), chains
-    if xp is np or not ids.size:
+    if is_numpy(xp) or not ids.size:
         out = arr.copy()
         np.put_along_axis(out, indices, values, axis)
         return out, chains
@@ -379,6 +379,5 @@ def along_axis_index(xp, shape, indices, axis, name='fastad.put_along_axis'):
         raise ShapeError(f"{name}: `indices` must have as many dimensions as the array ({nd}), not {np.ndim(indices)}")
     return tuple(indices if d == axis % nd else xp.arange(n).reshape((1,) * d + (n,) + (1,) * (nd - d - 1)) for d, n in enumerate(shape))
 
-_along_axis_index = along_axis_index     # the name fastad.dispatch uses
 
 put_along_axis = put_along_axis_vwc.primitive

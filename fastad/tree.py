@@ -147,7 +147,6 @@ def fields_of(cls):
     if fields is None: _FIELDS[cls] = fields = _Fields(cls)
     return fields
 
-_fields_of = fields_of     # the name fastad.training imports
 
 def _differentiable(field): return field.metadata.get('differentiable', True)
 
@@ -155,7 +154,6 @@ def is_traced_value(x):
     "Is `x` a traced value? (Asked of its type, so that this module needs no engine.)"
     return getattr(type(x), '__fastad_primitive__', None) is not None
 
-_is_traced = is_traced_value     # the name fastad.training imports
 
 def _any_item(x, test, inside=None):
     "Does an item of structure `x` (or `x` itself) pass `test`? A structure that holds itself is looked at once."

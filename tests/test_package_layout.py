@@ -55,7 +55,7 @@ def test_the_array_module_under_a_traced_value_is_one_helper():
     assert defined_in(r'array_module\(unbox\(') == []
     from fastad import primitives, primitives_more, linalg, dispatch
     assert primitives_more.array_module_under is linalg.array_module_under is primitives.array_module_under
-    assert dispatch._module_under is primitives.array_module_under                 # its older name, still imported there
+    assert dispatch.array_module_under is primitives.array_module_under and not hasattr(dispatch, '_module_under')
     r = engine.Recording(); x = r.new_input(r.new_input(np.ones(2)))
     assert primitives.array_module_under(x) is np
 
@@ -69,27 +69,44 @@ def test_a_functions_name_for_messages_is_one_helper():
     assert not hasattr(fd, 'name_of') and not hasattr(fd, 'whole_number')     # helpers of the modules, not fastad's names
 
 
-def private_imports():
-    "`(module, from, name)` for each underscored name a module imports from another of fastad's modules."
-    found = []
-    for module, src in sources().items():
-        for m in re.finditer(r'^\s*from\s+\.(\w*)\s+import\s+(\([^)]*\)|[^\n]*)', src, re.M):
+def private_imports(modules=None):
+    """`(module, from, name)` for each underscored name a module takes from another of fastad's modules: imported
+    (`from .errors import _x`), or read off the module (`backend._x`, `P._x` after `from . import primitives as P`,
+    `_transforms()._x` through an accessor)."""
+    modules = sources() if modules is None else modules
+    found = set()
+    for module, src in modules.items():
+        for m in re.finditer(r'^\s*from\s+(?:\.|fastad\.)(\w+)\s+import\s+(\([^)]*\)|[^\n]*)', src, re.M):
             names = re.sub(r'#[^\n]*', '', m.group(2)).strip('()').replace('\n', ' ').split(',')
-            found += [(module, m.group(1), n.split(' as ')[0].strip()) for n in names if n.strip().startswith('_')]
+            found |= {(module, m.group(1), n.split(' as ')[0].strip()) for n in names if n.strip().startswith('_')}
+        aliases = {m: m for m in modules}                 # a module's own name, and the names it is imported as
+        for m in re.finditer(r'^\s*from\s+(?:\.|fastad)\s+import\s+(\([^)]*\)|[^\n]*)', src, re.M):
+            for n in re.sub(r'#[^\n]*', '', m.group(1)).strip('()').replace('\n', ' ').split(','):
+                name, _, alias = n.strip().partition(' as ')
+                if name in modules: aliases[alias.strip() or name] = name
+        for alias, target in aliases.items():
+            if target == module: continue
+            for m in re.finditer(rf'(?<![\w.])_?{re.escape(alias)}(?:\(\))?\.(_[A-Za-z]\w*)', src):
+                if not m.group(1).endswith('__'): found.add((module, target, m.group(1)))
     return sorted(found)
 
 
 def test_modules_import_only_public_names_of_each_other():
     "A helper two modules share is public (documented and shown in its notebook); the older names left are aliases."
-    assert private_imports() == [('backend', 'errors', '_is_whole'), ('dispatch', 'primitives', '_module_under')]
-    from fastad import tree, layers, primitives
-    assert errors._is_whole is errors.is_whole and errors._whole_number is errors.whole_number
-    assert tree._fields_of is tree.fields_of and tree._is_traced is tree.is_traced_value
-    assert layers._positive is layers.positive_number and primitives._module_under is primitives.array_module_under
+    assert private_imports() == [('jit', 'transforms', '_as_gradient'), ('more_layers', 'backend', '_rng')]
+    from fastad import backend, transforms, tree, primitives, primitives_more
+    assert backend._rng is backend.generators and transforms._as_gradient is transforms.as_gradient   # until those change
+    for module, old in [(errors, '_is_whole'), (errors, '_whole_number'), (tree, '_fields_of'), (tree, '_is_traced'),
+                        (primitives, '_module_under'), (primitives, '_einsum_subscripts'), (primitives_more, '_along_axis_index')]:
+        assert not hasattr(module, old), old                                         # no one reads them any more
     assert primitives.Entry is primitives.Row and repr(primitives.REGISTRY[np.sin]) == "Row(sin: primitive='sin')"
-    from fastad import primitives_more
-    assert primitives._einsum_subscripts is primitives.einsum_subscripts          # helpers dispatch reads: public now
-    assert primitives_more._along_axis_index is primitives_more.along_axis_index
+
+
+def test_a_new_private_import_is_caught():
+    modules = {'a': "from .b import _x, y\nfrom . import c as C, d\nfrom fastad import e\n",
+               'b': "", 'c': "", 'd': "", 'e': "", 'f': "",
+               'g': "import x\ndef h(): return C._y, d._z, e._w, _f()._v, d.__name__, d.ok, self._u, x._t\nfrom . import c as C, d, e\n"}
+    assert private_imports(modules) == [('a', 'b', '_x'), ('g', 'c', '_y'), ('g', 'd', '_z'), ('g', 'e', '_w'), ('g', 'f', '_v')]
 
 
 def test_the_whole_number_check_is_one_helper():
