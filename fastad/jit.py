@@ -7,7 +7,7 @@ __all__ = ['MAX_SIGNATURES', 'RETRACE_WARNING', 'KEEP_ROWS_BYTES', 'JitError', '
            'Listing', 'GraphPlan', 'graph_plan']
 
 # %% ../nbs/03i_jit_machinery.ipynb #a48b2752
-import linecache, math, operator, sys, threading, types, warnings
+import linecache, math, operator, sys, types, warnings
 from collections import OrderedDict
 import numpy as np
 from fastcore.basics import patch
@@ -426,69 +426,37 @@ def _wrap(self: _Trace, r, path, outs, paths, args, kwargs):
     return r
 
 # %% ../nbs/03i_jit_machinery.ipynb #1e5f59e7
-_local = threading.local()
 _CREATORS = ('zeros', 'ones', 'empty', 'full', 'arange', 'eye', 'identity', 'linspace', 'tri', 'asarray', 'array', 'ascontiguousarray')
 _CONVERTERS = ('asarray', 'array', 'ascontiguousarray')   # on NumPy, traced only when given a traced value
-_patched_count = 0
-_patch_lock = threading.Lock()
 
 # %% ../nbs/03i_jit_machinery.ipynb #33779a0e
-class _Tracing:
-    "Within the block this thread traces into `trace`; the gradient of a NumPy scalar argument keeps its type."
+class _Tracing(_locks.Observer):
+    "Within the block this thread (or task) traces into `trace`, and observes the differentiation under it."
     def __init__(self, trace): self.trace = trace
     def __enter__(self):
-        global _patched_count, _as_gradient
-        self.previous = getattr(_local, 'trace', None)
-        _local.trace = self.trace
-        with _patch_lock:
-            if _patched_count == 0:
-                transforms, engine = _transforms(), _engine()
-                if _as_gradient is None: _as_gradient, _guard_kept[0], _backward[0] = transforms._as_gradient, engine.guard_kept, transforms.backward
-                transforms._as_gradient, engine.guard_kept, transforms.backward = _typed_gradient, _guard_kept_traced, _marked_backward
-            _patched_count += 1
+        self.token = _locks.OBSERVER.set(self)
+        return self
     def __exit__(self, *exc):
-        global _patched_count
-        _local.trace = self.previous
+        _locks.OBSERVER.reset(self.token)
         self.trace.active = False
-        with _patch_lock:
-            _patched_count -= 1
-            if _patched_count == 0:
-                _transforms()._as_gradient, _engine().guard_kept, _transforms().backward = _as_gradient, _guard_kept[0], _backward[0]
 
-def _transforms():
-    from fastad import transforms
-    return transforms
-_as_gradient = None                # transforms' own, once a trace has begun
+    def backward_starts(self, recording):
+        "The start of a backward pass, marked in the program being traced (the listing shows it)."
+        self.trace.marks.append((len(self.trace.ops), 'backward pass'))
 
-def _engine():
-    from fastad import engine
-    return engine
-_guard_kept = [None]               # the engine's own, once a trace has begun
-_backward = [None]
+    def kept(self, recording, name, args, kwargs, chains):
+        """A tracer that a chain keeps: its trace-time array locked read-only as eager fastad locks the array itself, so
+        a later write into it (`x += 1`) fails while tracing as it fails eagerly."""
+        for v in (*args, *kwargs.values()) if kwargs else args:
+            for a in v if type(v) is tuple else (v,):
+                if type(a) is Tracer and type(a.value) is np.ndarray and any(_locks.keeps(c, a) for c in chains if c is not None):
+                    _locks.lock(recording, a.value, name)
 
-def _marked_backward(recording, seeds, consume=False):
-    "The engine's backward pass, its start marked in the program being traced (the listing shows it)."
-    trace = getattr(_local, 'trace', None)
-    if trace is not None: trace.marks.append((len(trace.ops), 'backward pass'))
-    return _backward[0](recording, seeds, consume=consume)
-
-def _guard_kept_traced(recording, name, args, kwargs, chains):
-    """The engine's `guard_kept`, and for a tracer that a pullback keeps, its trace-time array locked read-only as eager
-    fastad locks the array itself: a later write into it (`x += 1`) fails while tracing as it fails eagerly."""
-    done = _guard_kept[0](recording, name, args, kwargs, chains)
-    for v in (*args, *kwargs.values()) if kwargs else args:
-        for a in v if type(v) is tuple else (v,):
-            if type(a) is Tracer and type(a.value) is np.ndarray and any(_locks.keeps(c, a) for c in chains if c is not None):
-                _locks.lock(recording, a.value, name)
-    return done
-
-def _typed_gradient(ct, primal, seen):
-    """The gradient of a NumPy scalar argument (`np.float64(0.3)`) is a NumPy scalar of its type in eager fastad:
-    under trace its slot is marked, and the replay gives it that type again."""
-    r = _as_gradient(ct, primal, seen)
-    if type(primal) is Tracer and isinstance(primal.value, np.generic) and type(r) is Tracer and r._tr is primal._tr:
-        r._tr.generic[r.slot] = type(primal.value)
-    return r
+    def gradient(self, primal, gradient):
+        """The gradient of a NumPy scalar argument (`np.float64(0.3)`) is a NumPy scalar of its type in eager fastad:
+        under trace its slot is marked, and the replay gives it that type again."""
+        if type(primal) is Tracer and isinstance(primal.value, np.generic) and type(gradient) is Tracer and gradient._tr is primal._tr:
+            gradient._tr.generic[gradient.slot] = type(primal.value)
 
 # %% ../nbs/03i_jit_machinery.ipynb #j1devmod
 _DEVICE_FNS = {}

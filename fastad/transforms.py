@@ -16,7 +16,7 @@ from .backend import array_module, is_array, to_host
 from .primitives import Primitive, REGISTRY, entry, CONTEXT_RULES, defvwc
 from . import engine
 from .engine import Recording, Traced, apply, backward, unbox
-from .locks import release, lock_arguments, release_when_dropped, saved_array_written, argument_prints, check_unwritten
+from .locks import release, lock_arguments, release_when_dropped, saved_array_written, argument_prints, check_unwritten, OBSERVER
 from .logs_and_collector import collector_tuned_for_tapes
 from .errors import DifferentiationError, NonScalarOutputError, name_of
 from .trampoline import trampoline_code, labelled_like
@@ -76,7 +76,6 @@ def as_gradient(ct, primal, seen):
     seen.add(id(ct))
     return ct
 
-_as_gradient = as_gradient   # the name `backward` calls, and that fastad.jit swaps for its own while it traces
 
 def _matrix(what):
     "The error for an `np.matrix` argument: its `*` is a matrix product and its reductions stay 2-d."
@@ -157,10 +156,20 @@ def _recorded(f, args, once, depth):
     return recording, primals, rebuild, out, mine, value, prints
 
 # %% ../nbs/03d_transforms.ipynb #e7155a4f
+def _backward_pass(recording, seeds, consume):
+    "The engine's `backward` from `seeds`; an observer set (`fastad.locks.OBSERVER`) is told first that it starts."
+    observer = OBSERVER.get()
+    if observer is not None: observer.backward_starts(recording)
+    return backward(recording, seeds, consume=consume)
+
 def _gradients(cts, primals, rebuild, seeds, n):
     "The arguments' gradients from the backward pass's `cts`, shaped as the arguments (one of `n`, or a tuple)."
     seen = {id(c) for c in seeds.values()}            # never hand back the caller's own cotangent
-    grads = rebuild([_as_gradient(cts[i], p, seen) for i, p in enumerate(primals)], construct=False)   # no model code runs
+    grads = [as_gradient(cts[i], p, seen) for i, p in enumerate(primals)]
+    observer = OBSERVER.get()                         # an observer set sees each gradient with its argument
+    if observer is not None:
+        for p, g in zip(primals, grads): observer.gradient(p, g)
+    grads = rebuild(grads, construct=False)           # no model code runs
     return grads[0] if n == 1 else grads
 
 # %% ../nbs/03d_transforms.ipynb #aa574b17
@@ -181,7 +190,7 @@ def value_with_pullback_core(f, args, once=False):
             c = _cast_like(c, o.value)
             seeds[o.idx] = c if o.idx not in seeds else seeds[o.idx] + c
         try:
-            with collector_tuned_for_tapes(): cts = backward(recording, seeds, consume=once) if seeds else [None] * len(primals)
+            with collector_tuned_for_tapes(): cts = _backward_pass(recording, seeds, once) if seeds else [None] * len(primals)
         finally:
             if once: release(recording)         # the tape is gone: the user's arrays are theirs again
         if prints: check_unwritten(f"pullback of {name_of(f)}", prints, len(primals))   # a device argument written since?
@@ -220,7 +229,7 @@ def value_with_gradient(f, *args, argnums=None, has_aux=False):
         try:                                          # the pullback's steps for the one seed; nobody else sees this
             seed, o = _seed(value, f), mine[0]        # tape, so it is freed as it runs
             seeds = {} if o is None else {o.idx: _cast_like(seed, o.value)}
-            cts = backward(recording, seeds, consume=True) if seeds else [None] * len(primals)
+            cts = _backward_pass(recording, seeds, True) if seeds else [None] * len(primals)
         finally: release(recording)            # the user's arrays are theirs again
         if prints: check_unwritten(f"gradient of {name_of(f)}", prints, len(primals))   # f wrote a device argument?
     grads = _gradients(cts, primals, rebuild, seeds, len(args))

@@ -551,6 +551,37 @@ def test_a_write_into_an_array_a_pullback_keeps_is_refused_as_eagerly():
         with pytest.raises(ValueError, match="read-only"): fast(w, x)
     assert x.flags.writeable and np.all(x == 1)                   # given back once the trace is over, unchanged
 
+def test_another_threads_eager_gradient_runs_none_of_jits_code_while_a_trace_is_open():
+    """A trace observes the differentiation under it through its own thread's hook (fastad.locks.OBSERVER): the engine's
+    and the transforms' functions are never swapped, so another thread's eager gradient runs none of jit's code."""
+    import sys, threading
+    jit_file = sys.modules['fastad.jit'].__file__           # fastad.jit, the name, is the decorator
+    from fastad import engine, locks, transforms
+    names = lambda: (engine.guard_kept, locks.guard_kept, transforms.backward, transforms.as_gradient)
+    originals, inside, resume, result = names(), threading.Event(), threading.Event(), {}
+    def f(w, x):
+        g = fd.gradient(lambda w: (w * x).sum(), w)           # differentiated under the trace: the observer sees it
+        inside.set(); resume.wait(10)                         # the trace stays open while the other thread works
+        return g
+    tracing = threading.Thread(target=lambda: result.setdefault('g', jit(f)(np.ones(3), np.arange(3.))))
+    tracing.start()
+    try:
+        assert inside.wait(10)
+        ran = []
+        def profile(frame, event, arg):
+            if event == 'call' and frame.f_code.co_filename == jit_file: ran.append(frame.f_code.co_name)
+        w, x = np.ones(3), np.arange(3.)
+        sys.setprofile(profile)                               # this thread only
+        try: g = fd.gradient(lambda w: (w * x).sum() + np.float64(2) * w.sum(), w)   # guard_kept, backward, gradients
+        finally: sys.setprofile(None)
+        during, observer = names(), getattr(locks, 'OBSERVER', None)
+        observer = observer and observer.get()
+    finally:
+        resume.set(); tracing.join(10)
+    assert ran == [] and observer is None
+    assert all(a is b for a, b in zip(during, originals)) and all(a is b for a, b in zip(names(), originals))
+    assert np.array_equal(g, [2., 3., 4.]) and np.array_equal(result['g'], [0., 1., 2.])
+
 def test_a_users_row_sum_stays_numpys_sum():
     "x.sum(axis=0) of 1e5 float32 rows was replayed as ones @ x: 8.5e-5 relative off eager; fastad's bias gradients keep it."
     x = np.random.default_rng(0).normal(size=(100_000, 3)).astype(np.float32) + 1
