@@ -301,9 +301,12 @@ LINES = {'setitem': 'out = np.zeros_like(x); out[m] = g[m]; return out', 'asarra
 def test_a_pullback_that_makes_a_plain_array_is_named_in_forward_mode(kind):
     relu, x = relu_with(kind), np.array([-1., 0.5, 2.])
     np.testing.assert_array_equal(fd.gradient(lambda x: relu(x).sum(), x), [0., 1., 1.])   # reverse mode: fine
+    hessian = lambda: fd.hessian(lambda x: (relu(x) ** 2).sum(), x)
+    if kind == 'setitem':        # reverse over reverse: x is traced there, so np.zeros_like(x) takes the traced writes
+        np.testing.assert_array_equal(hessian(), np.diag([0., 2., 2.]))
     for run, mode in [(lambda: fd.differential(relu, x)(np.ones(3)), 'forward mode'),
                       (lambda: fd.jacobian(lambda x: np.outer(relu(x), x), x), 'forward mode'),
-                      (lambda: fd.hessian(lambda x: (relu(x) ** 2).sum(), x), 'reverse over reverse')]:
+                      *([] if kind == 'setitem' else [(hessian, 'reverse over reverse')])]:
         with pytest.raises(DifferentiationError) as info: run()
         message = str(info.value)
         assert mode in message and f"{__file__}:" in message and LINES[kind] in message, message
