@@ -62,7 +62,8 @@ def _on_traced_cotangents(what, how, instead, run):
         raise DifferentiationError(
             f"{what}: {how}, and the pullback at {file}:{line} turns it into a plain NumPy array:\n"
             f"    {linecache.getline(file, line).strip()}\nWrite the pullback as operations on g (np.where(m, g, 0) "
-            f"or g * m, rather than writes into a plain array, np.asarray(g) or out=){instead}") from e
+            f"or g * m, or writes into out = np.zeros_like(g), rather than writes into a plain array, np.asarray(g) or "
+            f"out=){instead}") from e
 
 # %% ../nbs/03f_forward_mode.ipynb #f3f00015
 def value_with_differential(f, *args, argnums=None):
