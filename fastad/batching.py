@@ -7,9 +7,8 @@ __all__ = ['Batches', 'batches']
 
 # %% ../nbs/03j3_batches.ipynb #j3b00003
 import numpy as np
-from .backend import array_module, to_host
+from .backend import array_module, shared_generator, to_host
 from .errors import ArgumentError, ShapeError, whole_number
-from .more_layers import shared_generator
 from .progress import progress as _progress_bar
 from .tree import map_structure
 

@@ -77,7 +77,7 @@ def test_dropout_without_a_generator_draws_from_fastads_which_manual_seed_reseed
 def test_the_shared_generator_is_made_once_not_at_every_call(monkeypatch):
     "Dropout without an rng and an unseeded batch loader built a new generator (seeded from the OS) at every call."
     from fastad import backend
-    monkeypatch.setattr(backend, '_rng', {})
+    monkeypatch.setattr(backend, 'generators', {})
     made = []
     real = backend.default_rng
     monkeypatch.setattr(backend, 'default_rng', lambda *a: made.append(1) or real(*a))
