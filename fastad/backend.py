@@ -190,7 +190,6 @@ def default_rng(seed=None):
     return xp().random.default_rng(seed)
 
 generators = {}     # {backend name: fastad's own generator there}, made at first use
-_rng = generators   # the older name, still read by fastad.more_layers
 
 def shared_generator():
     """fastad's own generator of the active backend, the one drawn from when no `rng` is given (`random_normal`, the

@@ -110,7 +110,6 @@ def positive_number(op, name, value, zero_ok=False):
     if value == math.inf: raise ArgumentError(f"{op}: {name} must be a finite number, got {value!r}")
     return float(value)
 
-_positive = positive_number     # an older name, kept for code that imports it
 
 # %% ../nbs/03h_layers_and_optimizers.ipynb #cB04a05
 def _parameter_keys(x, owner, path, keys):

@@ -42,8 +42,8 @@ class LayerNorm(Layer):
         elif np.ndim(weight) == 0 or np.shape(bias) != np.shape(weight):
             raise ShapeError(f"LayerNorm: weight and bias must have the shape of the normalised axes; got weight "
                              f"{np.shape(weight)} and bias {np.shape(bias)}")
-        if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps > 0):
-            raise ArgumentError(f"LayerNorm: eps must be a positive number, got {eps!r}")
+        if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 < eps < float('inf')):
+            raise ArgumentError(f"LayerNorm: eps must be a positive finite number, got {eps!r}")
         for name, value in dict(weight=weight, bias=bias, eps=float(eps)).items():
             object.__setattr__(self, name, value)
 

@@ -49,7 +49,8 @@ def test_layer_norm_refusals():
     with pytest.raises(ArgumentError, match="features must be the size of the last axis"): fd.LayerNorm(2.0)
     with pytest.raises(ArgumentError, match="not a mix"): fd.LayerNorm(3, weight=np.ones(3))
     with pytest.raises(ShapeError, match="weight and bias must have the shape"): fd.LayerNorm(weight=np.ones(3), bias=np.ones(2))
-    with pytest.raises(ArgumentError, match="eps must be a positive number"): fd.LayerNorm(3, eps=0)
+    for eps in (0, -1e-5, float('inf'), float('nan')):
+        with pytest.raises(ArgumentError, match="eps must be a positive finite number"): fd.LayerNorm(3, eps=eps)
 
 # --- Dropout ----------------------------------------------------------------------------------------------
 def test_dropout_is_inverted_dropout_drawn_from_its_generator():

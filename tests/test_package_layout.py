@@ -92,11 +92,10 @@ def private_imports(modules=None):
 
 
 def test_modules_import_only_public_names_of_each_other():
-    "A helper two modules share is public (documented and shown in its notebook); the older names left are aliases."
-    assert private_imports() == [('more_layers', 'backend', '_rng')]
-    from fastad import backend, transforms, tree, primitives, primitives_more
-    assert backend._rng is backend.generators    # until more_layers changes
-    for module, old in [(errors, '_is_whole'), (errors, '_whole_number'), (tree, '_fields_of'), (tree, '_is_traced'),
+    "A helper two modules share is public (documented and shown in its notebook), and the older private names are gone."
+    assert private_imports() == []
+    from fastad import backend, transforms, tree, primitives, primitives_more, layers
+    for module, old in [(backend, '_rng'), (layers, '_positive'), (errors, '_is_whole'), (errors, '_whole_number'), (tree, '_fields_of'), (tree, '_is_traced'),
                         (transforms, '_as_gradient'),
                         (primitives, '_module_under'), (primitives, '_einsum_subscripts'), (primitives_more, '_along_axis_index')]:
         assert not hasattr(module, old), old                                         # no one reads them any more
