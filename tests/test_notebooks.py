@@ -86,3 +86,39 @@ def test_the_glossary_names_each_word_once_and_closes_the_appendix():
         assert text.count(word) == 1, word
     sidebar = (NBS / 'sidebar.yml').read_text()
     assert '91_glossary.ipynb' in sidebar.split('Appendix')[1]
+
+LEAK_CHECK = '''
+import inspect, sys
+from pathlib import Path
+import fastad
+from nbdev.test import test_nb
+def snapshot():
+    "Every fastad module's names, and the attributes of the classes it defines, as objects."
+    seen = {}
+    for name, m in sorted(sys.modules.items()):
+        if not name.startswith('fastad.') or m is None: continue
+        for k, v in list(vars(m).items()):
+            seen[(name, k)] = v
+            if inspect.isclass(v) and v.__module__ == name:
+                for a, w in list(vars(v).items()): seen[(name, k, a)] = w
+    return seen
+for nb in sys.argv[1:]:
+    before = snapshot()
+    ok, _ = test_nb(Path(nb), basepath=Path.cwd().parent)
+    after = snapshot()
+    changed = [k for k, v in before.items() if after.get(k) is not v and not (type(v) in (int, float, str, bool) and after.get(k) == v)]
+    print(Path(nb).stem, ok, changed[:5])
+'''
+
+@pytest.mark.slow   # runs every exporting notebook once more, one after another in one process
+def test_no_notebook_leaves_the_library_changed_for_the_next_one(tmp_path):
+    """nbdev_test runs several notebooks in one worker process: a notebook whose exported cells attach methods to a
+    library class (Traced) or hand a lower module a class must put the module's own back, or the next notebook in that
+    process runs the notebook's copies."""
+    script = tmp_path / 'leak_check.py'
+    script.write_text(LEAK_CHECK)
+    out = subprocess.run([sys.executable, str(script), *[str(NBS / f'{s}.ipynb') for s in EXPORTING]], cwd=NBS,
+                         env={**os.environ, 'MPLBACKEND': 'Agg'}, capture_output=True, text=True, timeout=900).stdout
+    rows = [line.split(' ', 2) for line in out.splitlines() if line.split(' ', 1)[0] in EXPORTING]
+    assert len(rows) == len(EXPORTING), out[-2000:]
+    assert [r for r in rows if r[1] != 'True' or r[2] != '[]'] == [], out[-2000:]
