@@ -15,7 +15,7 @@ from . import primitives as P
 from .errors import DifferentiationError
 from .tree import map_structure, flatten, is_container
 from . import logs_and_collector as logs     # the primitive log: one number read per operation
-from .locks import guard_kept, with_copies, note_view, refuse_written, DEVICE_ARRAY, device_view   # arrays the tape reads
+from .locks import guard_kept, with_copies, note_view, refuse_written, DEVICE_ARRAY, device_view, STAND_IN, array_under   # arrays the tape reads
 
 # %% ../nbs/03b_engine.ipynb #4db5e0b8
 class Recording:
@@ -121,7 +121,9 @@ def apply(prim, args, kwargs=_NO_KWARGS):
     if top.written: refuse_written(top, prim.name, args)
     if type(ans) is np.ndarray:
         if ans.base is not None: note_view(top, ans)
-    elif DEVICE_ARRAY[type(ans)] and device_view(ans, *vals): note_view(top, ans)    # CuPy's, the strict backend's
+    elif DEVICE_ARRAY[type(ans)]:
+        if device_view(ans, *vals): note_view(top, ans)    # CuPy's, the strict backend's
+    elif STAND_IN[type(ans)] and _is_view(array_under(ans), vals): note_view(top, ans)   # jit's Tracer
     if logs.opened: logs.record('forward', prim.name)
     return new_traced(top, ans, (prim.name, parents))
 
@@ -144,17 +146,23 @@ def apply_one(prim, x, kwargs):
         if ans.base is not None or ans is x.value: note_view(recording, ans, t, x, ((prim, kwargs),))
     elif type(ans) is not float:
         if type(ans) is Traced: _note_nested(recording, ans, t, x, prim, kwargs)   # in a nested transform
-        elif DEVICE_ARRAY[type(ans)] and device_view(ans, x.value):
-            note_view(recording, ans, t, x, ((prim, kwargs),))    # CuPy's arrays, the strict backend's
+        elif DEVICE_ARRAY[type(ans)]:
+            if device_view(ans, x.value): note_view(recording, ans, t, x, ((prim, kwargs),))   # CuPy's, the strict backend's
+        elif STAND_IN[type(ans)]: _note_nested(recording, ans, t, x, prim, kwargs)   # jit's Tracer: the array under it
     return t
 
 def _note_nested(recording, ans, t, x, prim, kwargs):
-    "`apply_one`'s note of a view where the values are traced by an outer transform: the arrays under them decide."
-    a, under = unbox(ans), unbox(x)
+    "`apply_one`'s note of a view where the values are traced by an outer transform or jit: the arrays under them decide."
+    a, under = array_under(unbox(ans)), array_under(unbox(x))
     if type(a) is np.ndarray:
         if a.base is None and a is not under: return
     elif not DEVICE_ARRAY[type(a)] or not device_view(a, under): return
     note_view(recording, a, t, x, ((prim, kwargs),))
+
+def _is_view(a, inputs):
+    "Does array `a` (under any stand-in) share memory with another array, or with one of `inputs`?"
+    if type(a) is np.ndarray: return a.base is not None
+    return DEVICE_ARRAY[type(a)] and device_view(a, *(array_under(unbox(v)) for v in inputs))
 
 def apply_two(prim, x, y, kwargs=_NO_KWARGS):
     """`apply` for two operands of one recording (`x * y`): the same steps as the general path, unrolled.
@@ -290,11 +298,13 @@ def record(recording, name, args, ans, pullback):
         _refuse_complex(name, ans)
         if type(ans) is np.ndarray and ans.base is not None or DEVICE_ARRAY[type(ans)] and device_view(ans, *args):
             note_view(recording, ans)
+        elif STAND_IN[type(ans)] and _is_view(array_under(ans), args): note_view(recording, ans)   # jit's Tracer
         return new_traced(recording, ans, (name, parents))
     outs, rebuild = flatten(ans, where=f"the result of {name}", static_ok=True)
     for o in outs:
         _refuse_complex(name, o)
         if type(o) is np.ndarray and o.base is not None or DEVICE_ARRAY[type(o)] and device_view(o): note_view(recording, o)
+        elif STAND_IN[type(o)] and _is_view(array_under(o), ()): note_view(recording, o)
     if not outs: return ans                           # nothing differentiable came out: nothing to record
     entry = Outputs((name, parents))
     entry.specs = [_spec(o) for o in outs]

@@ -13,7 +13,7 @@ from . import primitives as P
 from .errors import DifferentiationError
 from .backend import is_numpy
 from .engine import Traced, apply, unbox, new_traced, used_after_its_transform
-from .locks import argument_roots, memory_owner, note_view, DEVICE_ARRAY
+from .locks import argument_roots, memory_owner, note_view, DEVICE_ARRAY, array_under
 from . import traced_array      # the operators `x op= y` records with: Traced.__add__, ...
 
 # %% ../nbs/03b3_in_place.ipynb #ip0031
@@ -45,7 +45,7 @@ def sharing(t):
     `base` (hows empty) or a live view of it by indexing (`base[1:]`, `base[1:][:2]`: the steps `hows`), and `views` are
     the live `(view, hows)` of base (`x[1:]`, `x.T`: see `locks.note_view`), to take again after the write. False: a
     sharing a write cannot follow (x.T written while x lives, two views of a dropped array, an argument passed twice)."""
-    a = unbox(t)
+    a = array_under(unbox(t))                         # under jit, the trace-time array under its Tracer
     if type(a) is not np.ndarray and not DEVICE_ARRAY[type(a)]: return None   # numbers and NumPy scalars never are
     root, recording = memory_owner(a), t._recording
     if recording.arguments is not None and recording.argument_roots is None: argument_roots(recording)  # f(a, a): noted
@@ -78,7 +78,7 @@ def shares_memory(t):
 def _note_written(t):
     """`x op= y` replaces traced `x` by a new value; if x's memory is an argument's (the user's array), NumPy would
     have written that array, so note it: a constant sharing that memory, met later, is refused (`locks.refuse_written`)."""
-    a = unbox(t)
+    a = array_under(unbox(t))
     if type(a) is not np.ndarray and not DEVICE_ARRAY[type(a)]: return
     root = memory_owner(a)
     while type(t) is Traced:

@@ -76,6 +76,10 @@ class Tracer:
     __str__ = __repr__
     def __format__(self, spec): return format(self.value, spec)   # a printout at trace time, never a decision
     @property
+    def __fastad_array__(self):
+        "For the engine's views (`locks.array_under`): the trace-time array, whose memory its views share, as NumPy's."
+        return self.value
+    @property
     def __fastad_array_module__(self):
         "For `fastad.backend.array_module`: a traced stand-in of the array's module (its makers traced), None for a number."
         v = self.value
