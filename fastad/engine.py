@@ -151,19 +151,6 @@ def apply_one(prim, x, kwargs):
         elif STAND_IN[type(ans)]: _note_nested(recording, ans, t, x, prim, kwargs)   # jit's Tracer: the array under it
     return t
 
-def _note_nested(recording, ans, t, x, prim, kwargs):
-    "`apply_one`'s note of a view where the values are traced by an outer transform or jit: the arrays under them decide."
-    a, under = array_under(unbox(ans)), array_under(unbox(x))
-    if type(a) is np.ndarray:
-        if a.base is None and a is not under: return
-    elif not DEVICE_ARRAY[type(a)] or not device_view(a, under): return
-    note_view(recording, a, t, x, ((prim, kwargs),))
-
-def _is_view(a, inputs):
-    "Does array `a` (under any stand-in) share memory with another array, or with one of `inputs`?"
-    if type(a) is np.ndarray: return a.base is not None
-    return DEVICE_ARRAY[type(a)] and device_view(a, *(array_under(unbox(v)) for v in inputs))
-
 def apply_two(prim, x, y, kwargs=_NO_KWARGS):
     """`apply` for two operands of one recording (`x * y`): the same steps as the general path, unrolled.
     The operators call it directly; anything else (a constant, two recordings) goes to `apply`."""
@@ -190,6 +177,21 @@ def apply_two(prim, x, y, kwargs=_NO_KWARGS):
     t.value, t._recording, t.idx = ans, recording, len(tape)
     tape.append((prim.name, ((x.idx, cx), (y.idx, cy))))
     return t
+
+# %% ../nbs/03b_engine.ipynb #e24617b4
+def _note_nested(recording, ans, t, x, prim, kwargs):
+    "`apply_one`'s note of a view where the values are traced by an outer transform or jit: the arrays under them decide."
+    a, under = array_under(unbox(ans)), array_under(unbox(x))
+    if type(a) is np.ndarray:
+        if a.base is None and a is not under: return
+    elif not DEVICE_ARRAY[type(a)] or not device_view(a, under): return
+    note_view(recording, a, t, x, ((prim, kwargs),))
+
+def _is_view(a, inputs):
+    "Does array `a` (under any stand-in) share memory with another array, or with one of `inputs`?"
+    if type(a) is np.ndarray: return a.base is not None
+    return DEVICE_ARRAY[type(a)] and device_view(a, *(array_under(unbox(v)) for v in inputs))
+
 
 # %% ../nbs/03b_engine.ipynb #13b860df
 def apply_scalar(prim, x, c, reflected):
