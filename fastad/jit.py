@@ -54,6 +54,11 @@ def _site(file, line):
     return f"line {line} of {file.rsplit('/', 1)[-1]}" + (f": `{text}`" if text else '')
 
 # %% ../nbs/03i_jit_machinery.ipynb #a657633a
+def _set_shape(shape):
+    "`y.shape = s` on a tracer: refused, as JAX refuses it, with the line to write instead."
+    dims = ', '.join(map(str, shape)) if isinstance(shape, (tuple, list)) else str(shape)
+    raise JitError(f"fd.jit: y.shape = {shape!r} on a traced array cannot be traced; write y = y.reshape({dims})")
+
 class Tracer:
     """An array seen while `jit` traces a function: it holds the concrete value of this first run, and every NumPy
     call that reads it is written into the program (`slot` names it there)."""
@@ -61,7 +66,7 @@ class Tracer:
     __array_priority__ = 200
     __hash__ = None
     def __init__(self, value, slot, trace): self.value, self.slot, self._tr = value, slot, trace
-    shape = property(lambda s: s.value.shape if s.slot not in s._tr.ragged else _ragged_read(s, 'shape'))
+    shape = property(lambda s: s.value.shape if s.slot not in s._tr.ragged else _ragged_read(s, 'shape'), lambda s, v: _set_shape(v))
     dtype = property(lambda s: s.value.dtype)
     ndim = property(lambda s: s.value.ndim)
     size = property(lambda s: s.value.size if s.slot not in s._tr.ragged else _ragged_read(s, 'size'))

@@ -180,7 +180,13 @@ def _plain(f):
     f.plain = True
     return f
 
-Traced.shape = property(_plain(lambda self: _attr(self, 'shape', np.shape)))
+def _set_shape(self, shape):
+    "`y.shape = s`, NumPy's reshape in place: refused, as JAX refuses it, with the line to write instead."
+    dims = ', '.join(map(str, shape)) if isinstance(shape, (tuple, list)) else str(shape)
+    raise DifferentiationError(f"y.shape = {shape!r} on a traced array: fastad cannot reshape a traced value in place; "
+                               f"write y = y.reshape({dims}) (a new traced value, bound to the name)")
+
+Traced.shape = property(_plain(lambda self: _attr(self, 'shape', np.shape)), _set_shape)
 Traced.dtype = property(_plain(lambda self: _attr(self, 'dtype', np.result_type)))
 Traced.ndim = property(_plain(lambda self: np.ndim(unbox(self))))
 Traced.size = property(_plain(lambda self: np.size(unbox(self))))

@@ -717,3 +717,10 @@ def test_the_replayed_signatures_generated_walk_falls_back_on_any_difference():
     assert pair._walker[1](one, one) is None                     # the same model twice is another signature
     e, g = fd.value_with_gradient(lambda a: (a(x) * a(x)).sum(), one), pair(one, one)
     assert _close(e[0], g[0], 1e-12)
+
+def test_setting_the_shape_of_a_tracer_names_reshape():
+    def reshaped(x):
+        y = x * 1.0
+        y.shape = (2, 2)
+        return y
+    with pytest.raises(JitError, match=r"write y = y\.reshape\(2, 2\)"): jit(reshaped)(np.ones(4))

@@ -396,3 +396,11 @@ def test_what_stays_refused_names_the_line_and_the_alternative():
         return y.sum()
     with pytest.raises(ValueError) as e: fd.gradient(plain_zeros_one_place, X.copy())
     assert isinstance(e.value.__cause__, DifferentiationError) and "np.zeros_like(x)" in str(e.value.__cause__)
+
+def test_setting_the_shape_of_a_traced_array_names_reshape():
+    def reshaped(x):
+        y = x * 1.0
+        y.shape = (2, 2)                            # NumPy reshapes y in place
+        return y.sum()
+    with pytest.raises(DifferentiationError, match=r"write y = y\.reshape\(2, 2\)"): fd.gradient(reshaped, X.copy())
+    with pytest.raises(DifferentiationError, match=r"write y = y\.reshape\(2, 2\)"): fd.jit(fd.gradient(reshaped))(X.copy())
