@@ -7,7 +7,7 @@ __all__ = ['MAX_SIGNATURES', 'RETRACE_WARNING', 'KEEP_ROWS_BYTES', 'JitError', '
            'Listing', 'GraphPlan', 'graph_plan']
 
 # %% ../nbs/03i_jit_machinery.ipynb #a48b2752
-import linecache, math, operator, sys, types, warnings
+import linecache, math, operator, sys, threading, types, warnings
 from collections import OrderedDict
 import numpy as np
 from fastcore.basics import patch
@@ -783,6 +783,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
     scalars = self._scalars() if reuse else {}
     ns.update(_SCALAR_NAMES)
     numpy_only = all(type(v) is np.ndarray or isinstance(v, (np.generic, int, float)) for v in self.values)
+    pool, kept = self._poolable(ops, last, results, views) if reuse and numpy_only and not keep and ops is self.live else set(), []
     lines = [f"def replay({''.join(f's{i}, ' for i in inputs)}):"]
     notes = {}                                     # j -> what the replay does instead of the call, for the listing
     for j, op in enumerate(ops):
@@ -793,6 +794,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
             call = rows; notes[j] = 'as ones @ rows (_summed_rows), as eager fastad sums a bias gradient'
         elif reuse and fn is np.where and (select := self._select(op, ns)) is not None:
             call = select; notes[j] = 'masked select: an AND of the bits (_masked)'
+            if op.outs[0] in pool: call = f"{select[:-1]}, _b[{len(kept)}])"; kept.append(op.outs[0]); notes[j] += ', into a kept buffer'
         elif fn in _VIEWS and reuse and (view := self._view(op)) is not None:
             ns[f"f{j}"] = view; call = f"f{j}({args[1:-1].rstrip(', ')})"; notes[j] = 'the view made directly'
 
@@ -806,6 +808,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
             if reuse and isinstance(fn, np.ufunc) and fn.nout == 1 and not op.kwargs and len(op.outs) == 1:
                 buf = self._reusable(op, j, last, results, views, made)
                 if buf is not None: extra = f"out=s{buf}"; notes[j] = f"written over s{buf} (out=)"
+                elif op.outs[0] in pool: extra = f"out=_b[{len(kept)}]"; kept.append(op.outs[0]); notes[j] = 'into a kept buffer (out=)'
             if fn is _rows_product: notes[j] = f"the window rows {args[1:].split(',')[0]} of the forward pass, kept: one product"
             kw = ', '.join(f"{k}={_render(v, ns)}" for k, v in op.kwargs.items())
             call = f"{name}({', '.join(a for a in [args[1:-1].rstrip(', ') if args != '()' else '', kw, extra] if a)})"
@@ -819,6 +822,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
         dead = [s for s in _slots_in((op.args, op.kwargs), []) if last.get(s) == j and s not in results
                 and _value_type(self.values[s]) is np.ndarray]   # numbers: nothing to free
         if dead: lines.append(f"    del {', '.join(sorted(set(f's{s}' for s in dead)))}")
+    if kept: lines[1:1] = _kept_buffers(ns, [self.values[s] for s in kept])
     back = {op.outs[0] for j, op in enumerate(ops) if j in scalars and not scalars[j].startswith('_f64(')}   # float64 again
     lines.append(f"    return ({''.join(f'_f64(s{s}), ' if s in back else f's{s}, ' for s in outputs)})" + (", locals()" if keep else ''))
     source = '\n'.join(lines)
@@ -871,7 +875,7 @@ _SCALAR_OPS = {np.add: '{0} + {1}', np.subtract: '{0} - {1}', np.multiply: '{0} 
                np.exp: '(_mexp({0}) if {0} < 700.0 else _npexp({0}))', np.tanh: '_mtanh({0})',
                np.log: '(_mlog({0}) if {0} > 0.0 else _nplog({0}))'}
 _SCALAR_NAMES = dict(_msin=math.sin, _mcos=math.cos, _mexp=math.exp, _mtanh=math.tanh, _mlog=math.log, _npsin=np.sin,
-                     _npcos=np.cos, _npexp=np.exp, _nplog=np.log, _f64=np.float64, _summed_rows=lambda *a: _summed_rows(*a), _masked=lambda m, a: _masked(m, a))
+                     _npcos=np.cos, _npexp=np.exp, _nplog=np.log, _f64=np.float64, _summed_rows=lambda *a: _summed_rows(*a), _masked=lambda *a: _masked(*a))
 
 # %% ../nbs/03i_jit_machinery.ipynb #j13d954e
 @patch
@@ -941,13 +945,12 @@ def _row_sum(self: Program, op, ns):
 # %% ../nbs/03i_jit_machinery.ipynb #j1mask01
 _BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
-def _masked(mask, a):
-    "`np.where(mask, a, 0)`, bit for bit, as an AND of `a`'s bits with the mask widened to all ones or zeros."
+def _masked(mask, a, out=None):
+    "`np.where(mask, a, 0)`, bit for bit, as an AND of `a`'s bits with the mask widened to all ones or zeros (in `out`)."
     u = _BITS[a.itemsize]
-    k = mask.view(np.uint8).astype(u)
-    np.negative(k, out=k)                          # True: all ones; False: 0
-    out = np.empty(a.shape, a.dtype)
-    np.bitwise_and(a.view(u), k, out=out.view(u))
+    if out is None: out = np.empty(a.shape, a.dtype)
+    k = np.negative(mask.view(np.uint8), dtype=u, out=out.view(u))   # True: all ones; False: 0, made in `out` itself
+    np.bitwise_and(a.view(u), k, out=k)
     return out
 
 @patch
@@ -977,6 +980,40 @@ def _reusable(self: Program, op, j, last, results, views, made):
         if any(o != s and (last.get(o, -1) >= j or o in results) for o in views.get(id(v), ())): continue   # a view of it still read
         return s
     return None
+
+# %% ../nbs/03i_jit_machinery.ipynb #j1pool01
+_KEPT_BYTES = 1 << 17    # an intermediate this large (glibc's mmap threshold) is kept between replays, not allocated afresh
+
+@patch
+def _poolable(self: Program, ops, last, results, views):
+    """Intermediates of at least _KEPT_BYTES that an elementwise op or a masked select makes, whose memory never reaches
+    a result: not through a view of it, nor through an op written over it (out=). Their buffers can be kept."""
+    group = {}                                     # slot -> the set of slots that may share its memory
+    def join(a, b):
+        ga, gb = group.setdefault(a, {a}), group.setdefault(b, {b})
+        if ga is gb: return
+        ga |= gb
+        for s in gb: group[s] = ga
+    for ss in views.values():
+        for s in ss[1:]: join(ss[0], s)
+    made = {o for op in ops for o in op.outs}
+    for j, op in enumerate(ops):
+        if isinstance(op.fn, np.ufunc) and len(op.outs) == 1 and (buf := self._reusable(op, j, last, results, views, made)) is not None:
+            join(buf, op.outs[0])
+    pool = set()
+    for op in ops:
+        if len(op.outs) != 1 or op.kwargs or not (isinstance(op.fn, np.ufunc) and op.fn.nout == 1 or op.fn is np.where): continue
+        s, v = op.outs[0], self.values[op.outs[0]]
+        if (type(v) is np.ndarray and v.base is None and v.flags.c_contiguous and v.nbytes >= _KEPT_BYTES and s not in self.ragged
+                and not group.get(s, {s}) & results): pool.add(s)
+    return pool
+
+def _kept_buffers(ns, values):
+    "The replay's first lines: this thread's buffers for its kept intermediates, made on the thread's first call."
+    specs = [(v.shape, v.dtype) for v in values]
+    ns['_kept'], ns['_alloc'] = threading.local(), lambda: [np.empty(s, d) for s, d in specs]   # per thread: never shared
+    return ["    try: _b = _kept.b", "    except AttributeError: _b = _kept.b = _alloc()"]
+
 
 # %% ../nbs/03i_jit_machinery.ipynb #j1walk01
 def _walker(args, static):

@@ -724,3 +724,42 @@ def test_setting_the_shape_of_a_tracer_names_reshape():
         y.shape = (2, 2)
         return y
     with pytest.raises(JitError, match=r"write y = y\.reshape\(2, 2\)"): jit(reshaped)(np.ones(4))
+
+
+def _big_step(rows=4000, seed=5):
+    "An MLP step whose (rows, 50) float32 intermediates are over _KEPT_BYTES: the replay keeps their buffers."
+    r = np.random.default_rng(seed)
+    x, y = r.standard_normal((rows, 30), dtype=np.float32), r.standard_normal(rows, dtype=np.float32)
+    p = (r.standard_normal((30, 50), dtype=np.float32), np.zeros(50, np.float32), r.standard_normal((50, 1), dtype=np.float32))
+    def loss(p, x, y): return (((np.maximum(x @ p[0] + p[1], 0) @ p[2]).squeeze(-1) - y) ** 2).mean()
+    return (lambda p, x, y: fd.value_with_gradient(lambda p: loss(p, x, y), p)), p, x, y
+
+def test_kept_buffers_give_eager_results_and_every_call_fresh_outputs():
+    step, p, x, y = _big_step()
+    f = jit(step)
+    assert 'kept buffer' in str(f.program(p, x, y))
+    relu = jit(lambda x, w: np.maximum(x @ w + 1, 0) * 2)          # the result is written over x @ w: never kept
+    w = np.ones((30, 50), np.float32)
+    for i in range(3): a, b = f(p, x, y), relu(x, w)
+    want, want_relu = step(p, x, y), np.maximum(x @ w + 1, 0) * 2
+    np.testing.assert_array_equal(a[1][0], want[1][0]); np.testing.assert_array_equal(b, want_relu)
+    f(tuple(q + 1 for q in p), x + 1, y); relu(x + 1, w)         # later calls write their own arrays, not these
+    np.testing.assert_array_equal(a[1][0], want[1][0]); np.testing.assert_array_equal(b, want_relu)
+    assert a[1][0] is not f(p, x, y)[1][0] and b is not relu(x, w)
+
+def test_two_threads_replaying_one_program_get_their_own_results():
+    import threading
+    step, p, x, y = _big_step()
+    f = jit(step); f(p, x, y); f(p, x, y)                          # traced, then replayed: one program
+    inputs = [(tuple(q * s for q in p), x * s, y) for s in (np.float32(1), np.float32(-0.5))]
+    wants = [step(*a) for a in inputs]
+    bad, start = [], threading.Barrier(2)
+    def work(i):
+        start.wait()
+        for _ in range(30):
+            v, g = f(*inputs[i])
+            if not (v == wants[i][0] and all(np.array_equal(a, b) for a, b in zip(g, wants[i][1]))): bad.append(i)
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    assert len(f.programs) == 1 and not bad
