@@ -767,6 +767,18 @@ class Program:
                 live.update(_slots_in((op.args, op.kwargs), []))
         return keep[::-1]
 
+# %% ../nbs/03i_jit_machinery.ipynb #j1live01
+@patch
+def _liveness(self: Program, ops, inputs, outputs):
+    """What `_compile` plans with: each slot's last reading op, the slots that must survive (inputs, outputs), the
+    slots sharing each root array's memory, and the slots `ops` make."""
+    last, results = {}, set(outputs) | set(inputs)
+    for j, op in enumerate(ops):
+        for s in _slots_in((op.args, op.kwargs), []): last[s] = j
+    views = {}                                     # id(root array) -> the slots that share its memory
+    for s, v in enumerate(self.values): views.setdefault(id(_root(v)), []).append(s)
+    return last, results, views, {o for op in ops for o in op.outs}
+
 # %% ../nbs/03i_jit_machinery.ipynb #1645051f
 @patch
 def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, keep=False):
@@ -774,12 +786,7 @@ def _compile(self: Program, reuse=True, ops=None, inputs=None, outputs=None, kee
     A CUDA graph's parts pass `ops`, `inputs` and `outputs` (a part of the program); `keep` returns its locals too."""
     ns = {f"k{i}": c for i, c in enumerate(self.consts)}
     ops, inputs, outputs = self.live if ops is None else ops, self.inputs if inputs is None else inputs, self.results if outputs is None else outputs
-    last, results = {}, set(outputs) | set(inputs)
-    for j, op in enumerate(ops):
-        for s in _slots_in((op.args, op.kwargs), []): last[s] = j
-    views = {}                                     # id(root array) -> the slots that share its memory
-    for s, v in enumerate(self.values): views.setdefault(id(_root(v)), []).append(s)
-    made = {o for op in ops for o in op.outs}
+    last, results, views, made = self._liveness(ops, inputs, outputs)
     scalars = self._scalars() if reuse else {}
     ns.update(_SCALAR_NAMES)
     numpy_only = all(type(v) is np.ndarray or isinstance(v, (np.generic, int, float)) for v in self.values)
