@@ -278,7 +278,7 @@ def with_copies(v):
     return v.copy() if DEVICE_ARRAY[kind] else v
 
 # %% ../nbs/03b4_locks.ipynb #lk0041
-COPIED_BELOW = 1 << 18     # bytes: a device argument smaller is noted by a copy, a larger one by its bits' sums
+COPIED_BELOW = 1 << 12     # bytes: a device argument smaller is noted by a copy, a larger one by its bits' sums
 
 def _bits_summed(a):
     "Device array `a`'s bits as unsigned integers, summed (wrapping) along the rows and the columns of a near-square table."
