@@ -16,9 +16,11 @@ CHROMEDRIVER = shutil.which('chromedriver')
 WIDTH, HEIGHT = 1280, 1000
 try: import selenium
 except ImportError: selenium = None
-pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER and selenium), reason=(
+# The whole file is slow: it builds the site and drives a browser (about 30 s before its first test). CI's slow
+# phase runs it; `pytest -m slow tests/test_browser.py` here.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER and selenium), reason=(
     "no browser to test with: install Chromium and its driver (apt-get install -y chromium chromium-driver) "
-    "and selenium (pip install -e '.[dev]')"))
+    "and selenium (pip install -e '.[dev]')"))]
 
 @pytest.fixture(scope='module')
 def browser():
@@ -53,7 +55,6 @@ def known_output(stem):
             if line and o.get('output_type') != 'error': return line
     return None
 
-@pytest.mark.slow                                      # every page: about 40 s; CI's slow phase runs it
 def test_every_page_opens_with_its_title_and_outputs_and_no_errors(browser, site):
     from selenium.webdriver.common.by import By
     pages = [build_docs.page_name(s) for s in sidebar_stems()] + ['api', 'numpy', 'benchmarks']
@@ -211,7 +212,6 @@ def jupyterlab(tmp_path):
         except ProcessLookupError: pass
         log.close()
 
-@pytest.mark.slow                                      # starts JupyterLab and runs a lesson: about a minute and a half
 def test_lesson_01_runs_in_jupyterlab(browser, jupyterlab):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

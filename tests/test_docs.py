@@ -126,11 +126,13 @@ def text(page):
 
 def squeeze(s): return re.sub(r'\s+', '', s)   # highlighting splits code into tokens: compare without spaces
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_one_page_per_notebook_and_the_reference_pages(site):
     expected = {build_docs.page_name(s) for s in sidebar_stems()} | {'api', 'numpy', 'benchmarks'}
     assert {p.stem for p in site.glob('*.html')} == expected | set(build_docs.RENAMED)
     assert (site / 'site.css').stat().st_size > 1000
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 @pytest.mark.parametrize('stem', [p.stem for p in sorted(NBS.glob('[0-9]*.ipynb'))])
 def test_a_notebook_page_shows_what_nbdev_shows(site, stem):
     page = (site / f'{build_docs.page_name(stem)}.html').read_text()
@@ -158,6 +160,7 @@ def test_a_notebook_page_shows_what_nbdev_shows(site, stem):
     for name in exported_names(stem):
         assert f'id="{name.lower()}"' in page, f"exported {name} has no documentation on its page"
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_math_is_mathml_and_needs_no_script(site):
     page = (site / 'fully_connected.html').read_text()
     assert page.count('<math') >= 10 and '$\\sqrt{784}$' not in text(page)
@@ -166,6 +169,7 @@ def test_math_is_mathml_and_needs_no_script(site):
         assert '<script' not in pg and not re.search(r'(src|href)="(https?:)?//', pg.split('<article', 1)[0]), \
             f"{p.name} loads something from the web"
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_links_between_pages_resolve(site):
     ids = {p.name: set(re.findall(r'\bid="([^"]+)"', p.read_text())) for p in site.glob('*.html')}
     broken = []
@@ -178,6 +182,7 @@ def test_links_between_pages_resolve(site):
             if target not in ids or (frag and frag not in ids[target]): broken.append(f'{p.name} -> {href}')
     assert not broken, broken
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_index_lists_the_course_in_sidebar_order(site):
     page = (site / 'index.html').read_text()
     contents = page.split('id="contents"', 1)[1]
@@ -185,6 +190,7 @@ def test_index_lists_the_course_in_sidebar_order(site):
     assert linked == [build_docs.page_name(s) for s in sidebar_stems() if s != 'index']
     assert 'What this is' in text(page), "the index carries the README's content"
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_api_reference_documents_every_public_name(site):
     page = (site / 'api.html').read_text()
     for name, obj in public_objects().items():
@@ -201,6 +207,7 @@ def test_api_reference_documents_every_public_name(site):
     assert page.index('<code>fastad.primitives</code>') < page.index('<code>fastad.transforms</code>') \
         < page.index('<code>fastad.layers</code>') < page.index('<code>fastad.backend</code>'), "the sidebar's order"
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_numpy_table_is_the_registry(site):
     """The page is fastad.dispatch.supported_functions(), grouped as it groups them; the plain list is what the engine
     runs without a derivative (NONDIFFERENTIABLE, less what a primitive or adapter takes first)."""
@@ -218,6 +225,7 @@ def test_numpy_table_is_the_registry(site):
     assert plain == {D._public_name(f) for f in P.NONDIFFERENTIABLE - registered}     # numpy.linalg.matrix_rank, ...
     assert not plain & set(rows), "a function is either differentiated or run on plain values, never both"
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_benchmarks_page_shows_the_benchmarks_tables(site):
     "bench/README.md, then the suite's table (bench/results.md) and its chart (bench/results.png)."
     page = (site / 'benchmarks.html').read_text()
@@ -250,6 +258,7 @@ def test_a_cell_that_only_checks_is_a_guard():
 
 LESSON_01 = '01_matmul'
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_guard_cells_are_folded_in_place(site):
     "Lesson 01's cells that only check show folded under 'checks', where they stand; every other cell in full."
     page = (site / f'{build_docs.page_name(LESSON_01)}.html').read_text()
@@ -270,6 +279,7 @@ def test_guard_cells_are_folded_in_place(site):
     assert [b for b in between if len(b) > 10] == sorted((b for b in between if len(b) > 10), key=at), \
         "each in its place among the cells that teach, not moved"
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_solutions_fold_under_their_summary_and_grading_stays_shown(site):
     "Lesson 04's exercises: `#| code-fold: true` (and Jupyter's source_hidden) -> folded under 'Solution'; grade(...) shown."
     stem = '04_custom_derivatives'
@@ -289,6 +299,7 @@ def css_rules(css):
     css = re.sub(r'/\*.*?\*/', '', css, flags=re.S)
     return {sel.strip(): body for sels, body in re.findall(r'([^{}]+)\{([^}]*)\}', css) for sel in sels.split(',')}
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_code_scrolls_sideways_instead_of_being_cut_off(site):
     "Code cells, code in the prose (the install command) and outputs: a long line scrolls inside its block."
     rules = css_rules((site / 'site.css').read_text())
@@ -299,6 +310,7 @@ def test_code_scrolls_sideways_instead_of_being_cut_off(site):
     assert quarto['format']['html'].get('code-overflow') == 'scroll', "and on the Quarto site"
     assert re.search(r'overflow-x:\s*auto', css_rules((NBS / 'styles.css').read_text()).get('pre', ''))
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_the_course_table_links_each_notebook_to_its_page(site):
     "The index's table names notebooks (`01_matmul`): each is a link to that notebook's page."
     page = (site / 'index.html').read_text()
@@ -311,6 +323,7 @@ def test_the_course_table_links_each_notebook_to_its_page(site):
 def lessons():
     return [(s, build_docs.lesson_number(s)) for s in sidebar_stems() if build_docs.lesson_number(s) is not None]
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_every_lesson_carries_its_number(site):
     """`NN_name` is lesson N: "Lesson N: title" in its page's title and heading, in the sidebar and the index; once
     only where the notebook's title already says so; reference pages (03a_...) and the appendix (90_...) unnumbered."""
@@ -334,6 +347,7 @@ def test_each_renamed_notebook_is_gone_under_its_old_name_and_present_under_its_
         assert not (NBS / f'{old}.ipynb').exists() and (NBS / f'{new}.ipynb').exists(), (old, new)
         assert new in sidebar_stems(), new
 
+@pytest.mark.slow   # builds the site (about 20 s): CI's slow phase runs it
 def test_an_old_name_redirects_to_its_new_page(site):
     "`05b_classifier.html` sends the browser to `classifier.html` at once, with a link; each new page keeps its URL."
     assert build_docs.RENAMED['05b_classifier'] == '05_classifier' and build_docs.RENAMED['05_checkpointing'] == '07_checkpointing'
