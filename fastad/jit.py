@@ -1083,7 +1083,7 @@ class jit:
             try: got = w[1](*args)
             except Exception: got = None             # a static value that cannot be compared: the full walk decides
             if got is not None: return self._replay(w[2], *got)
-        if any(type(l) is Tracer for l in _leaves_of(args)): return self.f(*args)   # inside another trace: inlined
+        if any(type(l) is Tracer for l in _leaves(args)): return self.f(*args)   # inside another trace: inlined
         parts = _Args(args, self.static)
         program = self.programs.get(parts.key)
         if program is not None:
@@ -1119,15 +1119,6 @@ def _warn(self: jit, key):
            f"is traced, not frozen" if numbers else "each call brings another signature (shapes, dtypes, static values)")
     warnings.warn(f"fd.jit({self.__name__}) has traced {self.signatures} signatures: {why}", JitWarning, stacklevel=3)
     self.warned = True
-
-# %% ../nbs/03i_jit_machinery.ipynb #j1544d54
-def _leaves_of(x):
-    t = type(x)
-    if t is tuple or t is list:
-        for o in x: yield from _leaves_of(o)
-    elif t is dict:
-        for o in x.values(): yield from _leaves_of(o)
-    else: yield x
 
 # %% ../nbs/03i_jit_machinery.ipynb #3caf3520
 @patch
